@@ -1,0 +1,367 @@
+"""The one configuration object of sglang-fl.
+
+`Settings` is built once per process from four sources, highest first:
+``SGLANG_FL_*`` / FlagGems environment variables > the YAML named by ``SGLANG_FL_CONFIG`` >
+the platform YAML (auto-detected or ``SGLANG_FL_PLATFORM``) > code defaults.
+Every layer reads this object; nothing else in the package parses ``os.environ`` for these
+names. Each value remembers its origin so ``sglang-fl config`` can show it.
+
+All fields are declared once in ``FIELDS``: the env variable, the YAML key, the parser and the
+default live side by side, so adding an option is one entry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+BACKEND_KINDS = ("flagos", "vendor", "reference")
+PLATFORMS = ("cuda", "ascend", "musa", "cpu")
+DIST_BACKENDS = ("nccl", "hccl", "flagcx", "gloo")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Layer-2 op names and the SGLang classes that can be routed (by class name, as users type them).
+OP_NAMES = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding")
+ROUTED_CLASSES = ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """Bad configuration: the message names the variable/key, the value and what is accepted."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers. Each takes (raw value, where) and returns the typed value or raises SettingsError.
+# Env values arrive as strings; YAML values may already be typed.
+# ---------------------------------------------------------------------------------------------
+
+
+def _bool(raw: Any, where: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise SettingsError(f"{where}={raw!r} is not a boolean; accepted: 1/0, true/false, yes/no, on/off")
+
+
+def _choice(choices: tuple[str, ...], lower: bool = True) -> Callable[[Any, str], str]:
+    def parse(raw: Any, where: str) -> str:
+        text = str(raw).strip()
+        text = text.lower() if lower else text.upper()
+        if text not in choices:
+            raise SettingsError(f"{where}={raw!r} is not accepted; accepted values: {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _names(allowed: tuple[str, ...] | None = None) -> Callable[[Any, str], tuple[str, ...]]:
+    """A comma-separated string (env) or a YAML list of names."""
+
+    def parse(raw: Any, where: str) -> tuple[str, ...]:
+        if raw is None:
+            return ()
+        if isinstance(raw, str):
+            items = [x.strip() for x in raw.split(",")]
+        elif isinstance(raw, (list, tuple)):
+            items = [str(x).strip() for x in raw]
+        else:
+            raise SettingsError(f"{where} must be a list of names or a comma-separated string, got {raw!r}")
+        items = [x for x in items if x]
+        if allowed is not None:
+            bad = [x for x in items if x not in allowed]
+            if bad:
+                raise SettingsError(
+                    f"{where} has unknown name(s) {', '.join(map(repr, bad))}; accepted: {', '.join(allowed)}"
+                )
+        return tuple(dict.fromkeys(items))
+
+    return parse
+
+
+def _kind_list(raw: Any, where: str) -> tuple[str, ...]:
+    kinds = _names()(raw, where)
+    bad = [k for k in kinds if k not in BACKEND_KINDS]
+    if bad or not kinds:
+        raise SettingsError(
+            f"{where}={raw!r}: unknown or missing backend kind {', '.join(map(repr, bad)) or '(empty)'}; "
+            f"accepted kinds: {', '.join(BACKEND_KINDS)}"
+        )
+    return kinds
+
+
+_PER_OP_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z|\s]+?)\s*$")
+
+
+def _op_backends(raw: Any, where: str) -> Mapping[str, tuple[str, ...]]:
+    """``rms_norm=vendor|flagos;silu_and_mul=reference`` (env) or a YAML mapping op -> list."""
+    result: dict[str, tuple[str, ...]] = {}
+    if raw is None:
+        return MappingProxyType(result)
+    if isinstance(raw, str):
+        for chunk in filter(None, (c.strip() for c in raw.split(";"))):
+            m = _PER_OP_ITEM.match(chunk)
+            if not m:
+                raise SettingsError(
+                    f"{where}: malformed entry {chunk!r}; expected 'op=kind|kind;op=kind', "
+                    f"e.g. 'rms_norm=vendor|flagos;silu_and_mul=reference'"
+                )
+            op, kinds = m.group(1), m.group(2).replace("|", ",")
+            result[op] = _kind_list(kinds, f"{where}[{op}]")
+    elif isinstance(raw, Mapping):
+        for op, kinds in raw.items():
+            if isinstance(kinds, str):
+                kinds = kinds.replace("|", ",")
+            result[str(op)] = _kind_list(kinds, f"{where}.{op}")
+    else:
+        raise SettingsError(f"{where} must be a mapping op -> [kinds] or 'op=kind|kind;...', got {raw!r}")
+    bad = [op for op in result if op not in OP_NAMES]
+    if bad:
+        raise SettingsError(
+            f"{where} names unknown op(s) {', '.join(map(repr, bad))}; accepted ops: {', '.join(OP_NAMES)}"
+        )
+    return MappingProxyType(result)
+
+
+def _path(raw: Any, where: str) -> str | None:
+    text = str(raw).strip() if raw is not None else ""
+    return text or None
+
+
+def _text(raw: Any, where: str) -> str | None:
+    text = str(raw).strip() if raw is not None else ""
+    return text or None
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    env: str | None
+    yaml_key: str | None
+    parse: Callable[[Any, str], Any]
+    default: Any
+    help: str
+
+
+FIELDS: tuple[Field, ...] = (
+    # Layer 2 -- fused-op dispatch
+    Field("oot_enabled", "SGLANG_FL_OOT_ENABLED", "oot_enabled", _bool, True,
+          "Route SGLang fused ops (Layer 2) through sglang-fl dispatch."),
+    Field("prefer", "SGLANG_FL_PREFER", "prefer", _choice(BACKEND_KINDS), "flagos",
+          "Backend kind tried first for every op."),
+    Field("op_backends", "SGLANG_FL_PER_OP", "op_backends", _op_backends, MappingProxyType({}),
+          "Per-op ordered backend kinds; kinds not listed are not used for that op."),
+    Field("oot_blacklist", "SGLANG_FL_OOT_BLACKLIST", "oot_blacklist", _names(ROUTED_CLASSES), (),
+          "Layer-2 classes left on SGLang's own forward."),
+    Field("oot_whitelist", "SGLANG_FL_OOT_WHITELIST", "oot_whitelist", _names(ROUTED_CLASSES), (),
+          "Only these Layer-2 classes are routed (exclusive with the blacklist)."),
+    Field("strict", "SGLANG_FL_STRICT", "strict", _bool, False,
+          "Only the first backend kind in the order; errors propagate, no fallback."),
+    Field("deny_vendors", "SGLANG_FL_DENY_VENDORS", "deny_vendors", _names(), (),
+          "Vendor backends never used (e.g. cuda)."),
+    Field("allow_vendors", "SGLANG_FL_ALLOW_VENDORS", "allow_vendors", _names(), (),
+          "If set, only these vendor backends may be used."),
+    Field("dispatch_log", "SGLANG_FL_DISPATCH_LOG", "dispatch_log", _path, None,
+          "File that receives the [OOT-DISPATCH] lines (appended)."),
+    # Layer 1 -- FlagGems ATen replacement
+    Field("use_flaggems", "USE_FLAGGEMS", "use_flaggems", _bool, True,
+          "Replace ATen ops with FlagGems kernels (Layer 1)."),
+    Field("flagos_whitelist", "SGLANG_FL_FLAGOS_WHITELIST", "flagos_whitelist", _names(), (),
+          "Only these FlagGems ATen ops are enabled (beats flagos_blacklist)."),
+    Field("flagos_blacklist", "SGLANG_FL_FLAGOS_BLACKLIST", "flagos_blacklist", _names(), (),
+          "FlagGems ATen ops that must not replace PyTorch's."),
+    Field("flaggems_record", "SGLANG_FLAGGEMS_RECORD", "flaggems_record", _bool, False,
+          "Record Layer-1 FlagGems calls to the ATen log."),
+    Field("flaggems_log_path", "SGLANG_FLAGGEMS_LOG_PATH", "flaggems_log_path", _path, None,
+          "Where the ATen log goes (default: FlagGems' own location)."),
+    Field("flaggems_log_once", "SGLANG_FLAGGEMS_LOG_ONCE", "flaggems_log_once", _bool, True,
+          "Log each ATen op once instead of every call."),
+    # Layer 3 -- communication
+    Field("dist_backend", "SGLANG_FL_DIST_BACKEND", "dist_backend", _choice(DIST_BACKENDS), None,
+          "Collectives backend: nccl | hccl | flagcx | gloo (default: flagcx when FLAGCX_PATH is "
+          "set, else the platform's native one)."),
+    Field("flagcx_path", "FLAGCX_PATH", "flagcx_path", _path, None,
+          "FlagCX checkout/install whose build/lib/libflagcx.so is loaded."),
+    # System
+    Field("platform", "SGLANG_FL_PLATFORM", None, _choice(PLATFORMS), None,
+          "Platform whose YAML is loaded (default: auto-detected)."),
+    Field("config", "SGLANG_FL_CONFIG", None, _path, None, "User YAML file."),
+    Field("log_level", "SGLANG_FL_LOG_LEVEL", "log_level", _choice(LOG_LEVELS, lower=False), "INFO",
+          "Log level of the sglang_fl logger."),
+)
+FIELDS_BY_NAME = {f.name: f for f in FIELDS}
+YAML_KEYS = {f.yaml_key: f for f in FIELDS if f.yaml_key}
+ENV_VARS = tuple(f.env for f in FIELDS if f.env)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective configuration; immutable. ``origins`` maps field name -> where it came from."""
+
+    oot_enabled: bool
+    prefer: str
+    op_backends: Mapping[str, tuple[str, ...]]
+    oot_blacklist: tuple[str, ...]
+    oot_whitelist: tuple[str, ...]
+    strict: bool
+    deny_vendors: tuple[str, ...]
+    allow_vendors: tuple[str, ...]
+    dispatch_log: str | None
+    use_flaggems: bool
+    flagos_whitelist: tuple[str, ...]
+    flagos_blacklist: tuple[str, ...]
+    flaggems_record: bool
+    flaggems_log_path: str | None
+    flaggems_log_once: bool
+    dist_backend: str | None
+    flagcx_path: str | None
+    platform: str
+    config: str | None
+    log_level: str
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in FIELDS:
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                value = {k: list(v) for k, v in value.items()}
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def backend_order(self, op: str) -> tuple[str, ...]:
+        """Backend kinds to try for ``op``, first to last."""
+        if op in self.op_backends:
+            return self.op_backends[op]
+        return (self.prefer,) + tuple(k for k in BACKEND_KINDS if k != self.prefer)
+
+    def routes_class(self, class_names: tuple[str, ...]) -> bool:
+        """Whether a layer whose routed class names are ``class_names`` goes through Layer 2."""
+        if not self.oot_enabled:
+            return False
+        if self.oot_whitelist:
+            return any(n in self.oot_whitelist for n in class_names)
+        return not any(n in self.oot_blacklist for n in class_names)
+
+
+def read_yaml(path: str | os.PathLike, where: str) -> dict[str, Any]:
+    """Load a config YAML with ``yaml.safe_load``; the result must be a mapping of known keys."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{where}: config file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise SettingsError(f"{where}: config file {str(p)!r} cannot be read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{where}: {str(p)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(
+            f"{where}: {str(p)!r} must hold a mapping of keys, got {type(data).__name__}"
+        )
+    unknown = [k for k in data if k not in YAML_KEYS]
+    if unknown:
+        raise SettingsError(
+            f"{where}: {str(p)!r} has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"accepted keys: {', '.join(sorted(YAML_KEYS))}"
+        )
+    return data
+
+
+def build_settings(
+    env: Mapping[str, str] | None = None,
+    detect_platform: Callable[[], str] | None = None,
+) -> Settings:
+    """Build and validate the Settings from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+
+    def from_env(f: Field) -> bool:
+        raw = env.get(f.env) if f.env else None
+        if raw is None or (raw.strip() == "" and f.name not in ("oot_blacklist", "oot_whitelist")):
+            return False
+        values[f.name] = f.parse(raw, f.env)
+        origins[f.name] = f"env {f.env}"
+        return True
+
+    for name in ("platform", "config"):
+        from_env(FIELDS_BY_NAME[name])
+    if "platform" not in values:
+        values["platform"] = detect_platform() if detect_platform else "cpu"
+        origins["platform"] = "auto-detected"
+    if "config" not in values:
+        values["config"], origins["config"] = None, "default"
+
+    platform_file = CONFIG_DIR / f"{values['platform']}.yaml"
+    layers = []  # lowest precedence first
+    if platform_file.exists():
+        layers.append((read_yaml(platform_file, f"platform YAML {platform_file.name}"),
+                       f"platform {platform_file.name}"))
+    if values["config"]:
+        layers.append((read_yaml(values["config"], "SGLANG_FL_CONFIG"), f"yaml {values['config']}"))
+
+    for f in FIELDS:
+        if f.name in ("platform", "config"):
+            continue
+        if from_env(f):
+            continue
+        for data, origin in reversed(layers):
+            if f.yaml_key in data:
+                values[f.name] = f.parse(data[f.yaml_key], f"{origin}: {f.yaml_key}")
+                origins[f.name] = origin
+                break
+        else:
+            values[f.name] = f.default
+            origins[f.name] = "default"
+
+    _check_combinations(values, origins)
+    if values["dist_backend"] is None and values["flagcx_path"]:
+        values["dist_backend"], origins["dist_backend"] = "flagcx", "implied by FLAGCX_PATH"
+    return Settings(**values, origins=MappingProxyType(origins))
+
+
+def _check_combinations(values: dict[str, Any], origins: dict[str, str]) -> None:
+    if values["oot_whitelist"] and values["oot_blacklist"]:
+        raise SettingsError(
+            "SGLANG_FL_OOT_WHITELIST and SGLANG_FL_OOT_BLACKLIST are mutually exclusive "
+            f"(whitelist from {origins['oot_whitelist']}, blacklist from {origins['oot_blacklist']}); "
+            "set only one"
+        )
+    wl, bl = origins["flagos_whitelist"], origins["flagos_blacklist"]
+    if values["flagos_whitelist"] and values["flagos_blacklist"] and wl.startswith("env") and bl.startswith("env"):
+        raise SettingsError(
+            "SGLANG_FL_FLAGOS_WHITELIST and SGLANG_FL_FLAGOS_BLACKLIST are mutually exclusive; set only one"
+        )
+    if values["flagos_whitelist"] and values["flagos_blacklist"]:
+        # A whitelist beats a YAML flagos_blacklist: keep one source of truth.
+        values["flagos_blacklist"] = ()
+        origins["flagos_blacklist"] = f"ignored: whitelist from {wl} wins"
+    if values["allow_vendors"] and values["deny_vendors"]:
+        both = set(values["allow_vendors"]) & set(values["deny_vendors"])
+        if both:
+            raise SettingsError(
+                f"vendor(s) {', '.join(sorted(both))} are both allowed (SGLANG_FL_ALLOW_VENDORS) and "
+                "denied (SGLANG_FL_DENY_VENDORS)"
+            )

@@ -1,0 +1,60 @@
+"""FlagGems (kind ``flagos``): Triton kernels, available when ``flag_gems`` imports and finds a
+device it supports."""
+
+from __future__ import annotations
+
+from sglang_fl.dispatch.backends import Backend
+from sglang_fl.dispatch.types import BackendImplKind
+
+
+class FlagGemsBackend(Backend):
+    name = "flagos"
+    kind = BackendImplKind.FLAGOS
+
+    def __init__(self) -> None:
+        self._gems = None
+
+    def is_available(self) -> bool:
+        try:
+            import flag_gems
+        except Exception as exc:  # noqa: BLE001 - FlagGems raises RuntimeError without a device
+            self.unavailable_reason = f"import flag_gems failed: {type(exc).__name__}: {str(exc).strip()}"
+            return False
+        self._gems = flag_gems
+        return True
+
+    def silu_and_mul(self, obj, x):
+        d = x.shape[-1] // 2
+        return self._gems.silu_and_mul(x[..., :d], x[..., d:])
+
+    def rms_norm(self, obj, x, residual=None):
+        if residual is None:
+            return self._gems.rms_norm(x, [x.shape[-1]], obj.weight, obj.variance_epsilon)
+        return self._gems.fused_add_rms_norm(x, residual, [x.shape[-1]], obj.weight, obj.variance_epsilon)
+
+    def gemma_rms_norm(self, obj, x, residual=None):
+        # SGLang keeps ``gemma_weight = weight + 1`` up to date on weight load.
+        weight = obj.gemma_weight
+        if residual is None:
+            return self._gems.rms_norm(x, [x.shape[-1]], weight, obj.variance_epsilon)
+        return self._gems.fused_add_rms_norm(x, residual, [x.shape[-1]], weight, obj.variance_epsilon)
+
+    def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
+                         rotary_interleaved=False, inplace=True):
+        head_size, rot_dim = obj.head_size, 2 * cos.shape[-1]
+        tokens = position_ids.numel()
+        q = query.view(tokens, -1, head_size)[..., :rot_dim]
+        k = key.view(tokens, -1, head_size)[..., :rot_dim]
+        q_out, k_out = self._gems.apply_rotary_pos_emb(
+            q, k, cos, sin, position_ids.view(tokens), rotary_interleaved=rotary_interleaved,
+            inplace=inplace,
+        )
+        if inplace:
+            return query, key
+        if rot_dim == head_size:
+            return q_out.reshape(query.shape), k_out.reshape(key.shape)
+        import torch
+
+        q_full = torch.cat((q_out, query.view(tokens, -1, head_size)[..., rot_dim:]), -1)
+        k_full = torch.cat((k_out, key.view(tokens, -1, head_size)[..., rot_dim:]), -1)
+        return q_full.reshape(query.shape), k_full.reshape(key.shape)

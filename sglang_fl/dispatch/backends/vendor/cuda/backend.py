@@ -1,0 +1,72 @@
+"""NVIDIA: SGLang's own CUDA kernels (sgl_kernel; RoPE from sglang.jit_kernel)."""
+
+from __future__ import annotations
+
+from sglang_fl.dispatch.backends import Backend, load_real_module, real_module_available
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def is_available(self) -> bool:
+        import torch
+
+        if not torch.cuda.is_available():
+            self.unavailable_reason = "no CUDA device"
+            return False
+        self._sk = load_real_module(self, "sgl_kernel")
+        return self._sk is not None
+
+    def implemented_ops(self) -> tuple[str, ...]:
+        ops = ("silu_and_mul", "rms_norm", "gemma_rms_norm")
+        # The RoPE kernel is JIT-compiled through apache-tvm-ffi; only offer it when that is real.
+        if real_module_available("tvm_ffi")[0]:
+            ops += ("rotary_embedding",)
+        return ops
+
+    def silu_and_mul(self, obj, x):
+        import torch
+
+        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+        self._sk.silu_and_mul(x, out)
+        return out
+
+    def rms_norm(self, obj, x, residual=None):
+        if residual is not None:
+            self._sk.fused_add_rmsnorm(x, residual, obj.weight.data, obj.variance_epsilon)
+            return x, residual
+        shape = x.shape
+        out = self._sk.rmsnorm(x.reshape(-1, shape[-1]), obj.weight.data, obj.variance_epsilon)
+        return out.reshape(shape)
+
+    def gemma_rms_norm(self, obj, x, residual=None):
+        if residual is not None:
+            self._sk.gemma_fused_add_rmsnorm(x, residual, obj.weight.data, obj.variance_epsilon)
+            return x, residual
+        shape = x.shape
+        out = self._sk.gemma_rmsnorm(x.reshape(-1, shape[-1]), obj.weight.data, obj.variance_epsilon)
+        return out.reshape(shape)
+
+    def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
+                         rotary_interleaved=False, inplace=True):
+        from sglang.jit_kernel.rope import apply_rope_with_cos_sin_cache_inplace
+
+        tokens = position_ids.numel()
+        rot_dim = 2 * cos.shape[-1]
+        q = query.view(tokens, -1, obj.head_size)[..., :rot_dim]
+        k = key.view(tokens, -1, obj.head_size)[..., :rot_dim]
+        if not inplace:
+            query, key = query.clone(), key.clone()
+            q = query.view(tokens, -1, obj.head_size)[..., :rot_dim]
+            k = key.view(tokens, -1, obj.head_size)[..., :rot_dim]
+        apply_rope_with_cos_sin_cache_inplace(
+            positions=position_ids.view(tokens), q=q, k=k,
+            cos_sin_cache=_cos_sin_cache(obj, cos), is_neox=not rotary_interleaved,
+        )
+        return query, key
+
+
+def _cos_sin_cache(obj, cos):
+    """SGLang's kernel wants the combined ``[pos, rot_dim]`` cache in fp32 or the query dtype."""
+    cache = obj.cos_sin_cache
+    return cache if cache.device == cos.device else cache.to(cos.device)

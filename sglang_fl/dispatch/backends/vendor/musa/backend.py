@@ -1,0 +1,35 @@
+"""Moore Threads MUSA: torch_musa's native kernels (SwishGLU module, ATen rms_norm)."""
+
+from __future__ import annotations
+
+from sglang_fl.dispatch.backends import Backend, load_real_module
+
+
+class MusaBackend(Backend):
+    name = "musa"
+
+    def is_available(self) -> bool:
+        if load_real_module(self, "torch_musa") is None:
+            return False
+        import torch
+
+        if not torch.musa.is_available():
+            self.unavailable_reason = "torch_musa imports but no MUSA device is visible"
+            return False
+        if not hasattr(torch.nn, "SwishGLU"):
+            self.unavailable_reason = "this torch_musa has no nn.SwishGLU"
+            return False
+        self._swiglu = torch.nn.SwishGLU()
+        return True
+
+    def silu_and_mul(self, obj, x):
+        return self._swiglu(x)
+
+    def rms_norm(self, obj, x, residual=None):
+        import torch.nn.functional as F
+
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = F.rms_norm(x, (x.shape[-1],), obj.weight.data, obj.variance_epsilon)
+        return out if residual is None else (out, residual)

@@ -1,0 +1,10 @@
+"""Registers the musa vendor backend's ops when its runtime is present."""
+
+from sglang_fl.dispatch.backends import register_backend
+from sglang_fl.dispatch.backends.vendor.musa.backend import MusaBackend
+
+BACKEND = MusaBackend()
+
+
+def register_builtins(registry) -> None:
+    register_backend(registry, BACKEND)

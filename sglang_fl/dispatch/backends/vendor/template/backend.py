@@ -1,0 +1,29 @@
+"""Template for a new chip vendor: copy this folder to ``vendor/<your_chip>/`` and edit.
+
+1. Set ``name`` (used in ``vendor.<name>``, SGLANG_FL_ALLOW/DENY_VENDORS and the dispatch log).
+2. ``is_available()``: import your runtime with ``load_real_module`` and check a device is
+   visible; set ``unavailable_reason`` when not.
+3. Define only the op methods your chip really implements (signatures in
+   ``sglang_fl.dispatch.backends``); ops you leave out fall through to flagos/reference.
+
+This template registers nothing: ``is_available()`` is always False.
+"""
+
+from __future__ import annotations
+
+from sglang_fl.dispatch.backends import Backend
+
+
+class TemplateBackend(Backend):
+    name = "template"
+
+    def is_available(self) -> bool:
+        self.unavailable_reason = "template backend is a copy source, never available"
+        return False
+
+    # Example op (kept so the copy has a starting point; never registered while unavailable):
+    def silu_and_mul(self, obj, x):
+        import torch.nn.functional as F
+
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]

@@ -1,0 +1,173 @@
+"""OpManager: discovers backends once, resolves each op once, and handles run-time fallback.
+
+Resolution (policy over registered impls) happens the first time an op is asked for and is
+cached; callers bind ``ResolvedOp.impl.fn`` and call it directly. Only when an impl raises does
+``ResolvedOp.fallback`` run: it logs one warning and moves to the next candidate (or re-raises
+in strict mode).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from sglang_fl.dispatch.policy import Selection, SelectionPolicy
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import NoImplementationError, OpImpl
+from sglang_fl.logging_setup import get_logger
+
+logger = get_logger("dispatch")
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    name: str
+    kind: str
+    available: bool
+    reason: str  # why unavailable, or where it came from
+    ops: tuple[str, ...] = ()
+
+
+@dataclass
+class ResolvedOp:
+    op_name: str
+    candidates: list[OpImpl]
+    excluded: tuple[tuple[str, str], ...]
+    strict: bool
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def impl(self) -> OpImpl:
+        return self.candidates[0]
+
+    def fallback(self, impl: OpImpl, exc: BaseException) -> OpImpl:
+        """``impl`` raised ``exc``: drop it and return the next candidate.
+
+        Strict mode, or nothing left, re-raises. Only the first failure of an impl is logged."""
+        if self.strict:
+            raise exc
+        with self._lock:
+            if impl in self.candidates:
+                self.candidates.remove(impl)
+                self.failed.append((impl.impl_id, f"{type(exc).__name__}: {exc}"))
+                nxt = self.candidates[0] if self.candidates else None
+                logger.warning(
+                    "op %r: impl %r raised %s: %s; falling back to %s",
+                    self.op_name, impl.impl_id, type(exc).__name__, exc,
+                    nxt.impl_id if nxt else "nothing",
+                )
+            if not self.candidates:
+                raise NoImplementationError(
+                    f"No available implementation for op {self.op_name!r}: every candidate failed "
+                    f"at run time ({'; '.join(f'{i}: {r}' for i, r in self.failed)})"
+                ) from exc
+            return self.candidates[0]
+
+
+class OpManager:
+    def __init__(self, registry: OpRegistry, policy: SelectionPolicy) -> None:
+        self.registry = registry
+        self.policy = policy
+        self.backends: dict[str, BackendStatus] = {}
+        self._resolved: dict[str, ResolvedOp] = {}
+        self._lock = threading.RLock()
+
+    def record_backend(self, status: BackendStatus) -> None:
+        self.backends[status.name] = status
+
+    def selection(self, op_name: str) -> Selection:
+        return self.policy.select(op_name, self.registry.impls(op_name))
+
+    def resolve(self, op_name: str) -> ResolvedOp:
+        resolved = self._resolved.get(op_name)
+        if resolved is not None:
+            return resolved
+        with self._lock:
+            resolved = self._resolved.get(op_name)
+            if resolved is None:
+                resolved = self._resolve_uncached(op_name)
+                self._resolved[op_name] = resolved
+            return resolved
+
+    def _resolve_uncached(self, op_name: str) -> ResolvedOp:
+        sel = self.selection(op_name)
+        if not sel.candidates:
+            raise NoImplementationError(self.explain_missing(op_name, sel))
+        return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict)
+
+    def explain_missing(self, op_name: str, sel: Selection) -> str:
+        registered = [i.impl_id for i in self.registry.impls(op_name)] or ["none"]
+        excluded = [f"{i} ({why})" for i, why in sel.excluded] or ["none"]
+        unavailable = [f"{b.name}: {b.reason}" for b in self.backends.values() if not b.available]
+        kinds = list(self.policy.kinds_for(op_name))
+        if self.policy.strict:
+            kinds = kinds[:1]
+        return (
+            f"No available implementation for op {op_name!r} (backend order {kinds}"
+            f"{', strict' if self.policy.strict else ''}); registered: {', '.join(registered)}; "
+            f"excluded by policy: {', '.join(excluded)}; unavailable backends: "
+            f"{', '.join(unavailable) or 'none'}"
+        )
+
+    def call(self, op_name: str, obj, *args, **kwargs):
+        resolved = self.resolve(op_name)
+        impl = resolved.impl
+        try:
+            return impl.fn(obj, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - fallback is the point
+            impl = resolved.fallback(impl, exc)
+            while True:
+                try:
+                    return impl.fn(obj, *args, **kwargs)
+                except Exception as exc2:  # noqa: BLE001
+                    impl = resolved.fallback(impl, exc2)
+
+    def reset_resolution(self) -> None:
+        with self._lock:
+            self._resolved.clear()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()
+        for r in self._resolved.values():
+            r._lock = threading.Lock()
+
+
+_manager: OpManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> OpManager:
+    """The process-wide manager, built (with backend discovery) on first use."""
+    global _manager
+    if _manager is None:
+        with _manager_lock:
+            if _manager is None:
+                from sglang_fl.config import get_settings
+                from sglang_fl.dispatch.discovery import discover_backends
+
+                registry = OpRegistry()
+                manager = OpManager(registry, SelectionPolicy.from_settings(get_settings()))
+                discover_backends(manager)
+                _manager = manager
+    return _manager
+
+
+def reset_manager() -> None:
+    """Drop the process-wide manager (tests; policy changes are not a run-time concern)."""
+    global _manager
+    with _manager_lock:
+        _manager = None
+
+
+def _reinit_after_fork() -> None:
+    global _manager_lock
+    _manager_lock = threading.Lock()
+    if _manager is not None:
+        _manager._after_fork()
+        _manager.registry._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)

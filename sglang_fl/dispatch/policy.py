@@ -1,0 +1,58 @@
+"""Selection policy: which registered impls of an op may run, in which order, and why the
+others may not. Pure function of Settings + the registered impls; no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+
+
+@dataclass(frozen=True)
+class Selection:
+    candidates: tuple[OpImpl, ...]  # in the order they are tried
+    excluded: tuple[tuple[str, str], ...]  # (impl_id, reason)
+
+
+@dataclass(frozen=True)
+class SelectionPolicy:
+    order: dict  # op -> tuple of kind names; built from Settings.backend_order
+    default_order: tuple[str, ...]
+    strict: bool = False
+    allow_vendors: tuple[str, ...] = ()
+    deny_vendors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings) -> SelectionPolicy:
+        return cls(
+            order={op: settings.backend_order(op) for op in settings.op_backends},
+            default_order=settings.backend_order("\0"),
+            strict=settings.strict,
+            allow_vendors=settings.allow_vendors,
+            deny_vendors=settings.deny_vendors,
+        )
+
+    def kinds_for(self, op_name: str) -> tuple[str, ...]:
+        return self.order.get(op_name, self.default_order)
+
+    def select(self, op_name: str, impls: tuple[OpImpl, ...]) -> Selection:
+        kinds = self.kinds_for(op_name)
+        if self.strict:
+            kinds = kinds[:1]
+        excluded: list[tuple[str, str]] = []
+        allowed: list[OpImpl] = []
+        for impl in impls:
+            kind = impl.kind.value
+            if kind not in kinds:
+                why = "strict: only the first kind" if self.strict and kind in self.kinds_for(op_name) else "kind not in order"
+                excluded.append((impl.impl_id, f"{why} {list(kinds)}"))
+            elif impl.kind is BackendImplKind.VENDOR and impl.vendor in self.deny_vendors:
+                excluded.append((impl.impl_id, f"vendor {impl.vendor!r} in SGLANG_FL_DENY_VENDORS"))
+            elif (impl.kind is BackendImplKind.VENDOR and self.allow_vendors
+                  and impl.vendor not in self.allow_vendors):
+                excluded.append((impl.impl_id, f"vendor {impl.vendor!r} not in SGLANG_FL_ALLOW_VENDORS"))
+            else:
+                allowed.append(impl)
+        rank = {k: i for i, k in enumerate(kinds)}
+        allowed.sort(key=lambda i: (rank[i.kind.value], -i.priority, i.impl_id))
+        return Selection(tuple(allowed), tuple(excluded))

@@ -1,0 +1,43 @@
+"""Thread-safe table op name -> registered OpImpls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from sglang_fl.dispatch.types import OpImpl
+
+
+class OpRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._impls: dict[str, dict[str, OpImpl]] = {}
+
+    def register(self, impl: OpImpl) -> None:
+        """Add one impl. Registering the same impl again is a no-op (so re-running discovery,
+        e.g. in a forked child, is harmless); a different impl under a taken id is an error."""
+        with self._lock:
+            table = self._impls.setdefault(impl.op_name, {})
+            old = table.get(impl.impl_id)
+            if old is not None and old != impl:
+                raise ValueError(
+                    f"op {impl.op_name!r}: impl id {impl.impl_id!r} is already registered "
+                    f"by {old.fn!r}; pick another impl_id"
+                )
+            table[impl.impl_id] = impl
+
+    def register_many(self, impls: Iterable[OpImpl]) -> None:
+        for impl in impls:
+            self.register(impl)
+
+    def impls(self, op_name: str) -> tuple[OpImpl, ...]:
+        with self._lock:
+            return tuple(self._impls.get(op_name, {}).values())
+
+    def op_names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._impls))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._impls.clear()

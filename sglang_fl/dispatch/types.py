@@ -1,0 +1,68 @@
+"""Vocabulary of the dispatch system, shared with vllm-plugin-FL vendor code.
+
+A vendor registers ``OpImpl`` entries; the policy orders them by ``BackendImplKind`` and
+``BackendPriority``. Nothing here imports torch or SGLang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any
+
+
+class BackendImplKind(str, Enum):
+    FLAGOS = "flagos"  # FlagGems / Triton kernels
+    VENDOR = "vendor"  # chip-native kernels (sgl_kernel, torch_npu, torch_musa, ...)
+    REFERENCE = "reference"  # pure PyTorch, always available
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BackendPriority(IntEnum):
+    FLAGOS = 150
+    VENDOR = 100
+    REFERENCE = 50
+
+
+_DEFAULT_PRIORITY = {
+    BackendImplKind.FLAGOS: BackendPriority.FLAGOS,
+    BackendImplKind.VENDOR: BackendPriority.VENDOR,
+    BackendImplKind.REFERENCE: BackendPriority.REFERENCE,
+}
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One implementation of one op.
+
+    ``fn`` has the op's standard signature (``fn(obj, ...)``, ``obj`` being the layer).
+    ``impl_id`` is unique per op, e.g. ``flagos``, ``vendor.cuda``, ``reference``.
+    ``vendor`` names the vendor backend for VENDOR impls (used by allow/deny lists).
+    """
+
+    op_name: str
+    impl_id: str
+    kind: BackendImplKind
+    fn: Callable[..., Any]
+    vendor: str | None = None
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        kind = BackendImplKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        if self.priority is None:
+            object.__setattr__(self, "priority", int(_DEFAULT_PRIORITY[kind]))
+        if kind is BackendImplKind.VENDOR and not self.vendor:
+            raise ValueError(f"OpImpl {self.op_name}/{self.impl_id}: a vendor impl must name its vendor")
+
+    @property
+    def label(self) -> str:
+        """``kind(impl_id)`` as written in the dispatch log."""
+        return f"{self.kind.value}({self.impl_id})"
+
+
+class NoImplementationError(RuntimeError):
+    """No registered implementation of an op survived the selection policy."""
