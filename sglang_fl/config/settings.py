@@ -328,7 +328,7 @@ def build_settings(
         if from_env(f):
             continue
         for data, origin in reversed(layers):
-            if f.yaml_key in data:
+            if data.get(f.yaml_key) is not None:  # null = not set in this file
                 values[f.name] = f.parse(data[f.yaml_key], f"{origin}: {f.yaml_key}")
                 origins[f.name] = origin
                 break

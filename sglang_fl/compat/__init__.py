@@ -1,0 +1,195 @@
+"""Empty mode: what sglang-fl changes so SGLang imports and serves without its CUDA-only packages.
+
+This file is the ledger. Every patch sglang-fl applies to SGLang's environment is listed in
+`LEDGER`, one entry each, with why it exists, how it is done, its upstream status and when it
+can be removed. Nothing outside this package patches SGLang's imports. The entries:
+
+1. ``standin:sgl_kernel`` -- SGLang imports ``sgl_kernel`` (and ``sgl_kernel.kvcacheio``,
+   memory_pool_host.py) at module level; absent on non-NVIDIA chips and in an empty install.
+   How: stand-in package (`standins.StandinModule`) + the ``sgl_kernel::moe_fused_gate`` torch op
+   schema, which moe/topk.py registers a fake for at import. Upstream: none (SGLang assumes the
+   wheel on CUDA). Remove when SGLang guards these imports.
+2. ``standin:flashinfer`` -- module-level flashinfer imports (sampler, attention, MoE). How:
+   stand-in package; ``SGLANG_IS_FLASHINFER_AVAILABLE=false`` so SGLang never picks it.
+   Upstream: none. Remove with 1.
+3. ``standin:tvm_ffi`` -- ``sglang.jit_kernel`` compiles CUDA through apache-tvm-ffi. How:
+   stand-in package; the fused ops that use it are routed by sglang-fl Layer 2, the two
+   hard-wired calls are swapped (entry 6). Upstream: none. Remove with 1.
+4. ``standin:torchvision.io`` -- srt/utils/common.py imports ``torchvision.io.decode_jpeg`` at
+   module level; PyPI torchvision is a CUDA build that fails beside a CPU-only torch. How: a
+   stand-in namespace with only ``torchvision.io`` when torchvision is absent or fails to import.
+   Upstream: none. Remove when SGLang imports it lazily.
+5. ``env`` -- ``SGLANG_IS_FLASHINFER_AVAILABLE=false`` (flashinfer absent),
+   ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1`` (sgl_kernel absent: engine.py reads its version),
+   ``SGLANG_USE_CPU_ENGINE=1`` (CPU platform: SGLang's ``is_cpu()`` requires it, else CPU runs
+   take CUDA/vllm branches). Only set when the user has not. Upstream: SGLang's own switches.
+   Remove when SGLang detects these itself.
+6. ``swap:clamp_position`` / ``swap:_resolve_future_token_ids`` -- forward_batch_info.py and
+   overlap_utils.py bind the JIT CUDA kernel under ``is_cuda()``; no plugin API reaches them.
+   How: rebind to SGLang's own ``*_native`` twin after the module runs (`swaps`). Upstream:
+   none. Remove when SGLang falls back when the JIT path is unavailable.
+
+Activation (`activate`) happens in every process at the first ``import sglang``, through the
+``.pth`` hook in `bootstrap`; see docs/empty-mode.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from collections import namedtuple
+
+from sglang_fl.compat.standins import (
+    CALL_LOG_PREFIX,
+    STANDIN_MARKER,
+    Standin,
+    StandinCalledError,
+    StandinFinder,
+    standin_calls,
+)
+
+__all__ = [
+    "CALL_LOG_PREFIX", "LEDGER", "STANDIN_MARKER", "Standin", "StandinCalledError", "activate",
+    "state", "standin_calls",
+]
+
+logger = logging.getLogger("sglang_fl.compat")
+
+Patch = namedtuple("Patch", "name why how upstream remove_when")
+
+LEDGER: tuple[Patch, ...] = (
+    Patch("standin:sgl_kernel", "module-level sgl_kernel imports (incl. sgl_kernel.kvcacheio)",
+          "stand-in package + sgl_kernel::moe_fused_gate op schema", "none",
+          "SGLang guards its sgl_kernel imports"),
+    Patch("standin:flashinfer", "module-level flashinfer imports", "stand-in package",
+          "none", "SGLang guards its flashinfer imports"),
+    Patch("standin:tvm_ffi", "sglang.jit_kernel needs apache-tvm-ffi", "stand-in package",
+          "none", "SGLang guards its JIT kernel path"),
+    Patch("standin:torchvision.io", "common.py imports torchvision.io.decode_jpeg at module level",
+          "stand-in namespace torchvision + torchvision.io", "none",
+          "SGLang imports torchvision lazily"),
+    Patch("env", "SGLang's own switches for a missing flashinfer/sgl_kernel and for CPU",
+          "os.environ.setdefault before SGLang reads them", "SGLang's switches",
+          "SGLang detects these itself"),
+    Patch("swap:clamp_position", "forward_batch_info binds the JIT CUDA kernel under is_cuda()",
+          "rebind to _clamp_position_native after import", "none",
+          "SGLang falls back when the JIT path is unavailable"),
+    Patch("swap:_resolve_future_token_ids", "overlap_utils binds the JIT CUDA kernel under is_cuda()",
+          "rebind to _resolve_future_token_ids_native after import", "none",
+          "SGLang falls back when the JIT path is unavailable"),
+)
+
+# Absent CUDA-only packages and the submodules a stand-in serves (None: any).
+STANDIN_PACKAGES: dict[str, frozenset[str] | None] = {
+    "sgl_kernel": None,
+    "flashinfer": None,
+    "tvm_ffi": None,
+    "torchvision": frozenset({"io"}),
+}
+
+MOE_FUSED_GATE_SCHEMA = (
+    "moe_fused_gate(Tensor input, Tensor bias, int num_expert_group, int topk_group, int topk, "
+    "int num_fused_shared_experts, float routed_scaling_factor, "
+    "bool apply_routed_scaling_factor_on_output) -> (Tensor[])"
+)
+
+
+class _State:
+    active = False
+    standins: tuple[str, ...] = ()
+    env_set: dict[str, str] = {}
+
+
+state = _State()
+_torch_libs: list = []  # keep torch.library.Library objects alive
+
+
+def _absent(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _broken(name: str) -> bool:
+    """Installed but fails to import (a CUDA torchvision beside a CPU-only torch)."""
+    try:
+        importlib.import_module(name)
+        return False
+    except Exception as exc:  # noqa: BLE001 -- any import failure means "cannot use it"
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+        logger.warning("%s is installed but does not import (%s); using a stand-in", name, exc)
+        return True
+
+
+def _define_moe_fused_gate(module) -> None:
+    """moe/topk.py registers a fake for this op at import: the op must exist (schema only)."""
+    import torch
+
+    try:
+        torch.ops.sgl_kernel.moe_fused_gate  # noqa: B018 -- defined already (another stand-in run)
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    lib.define(MOE_FUSED_GATE_SCHEMA)
+
+    def moe_fused_gate(*args, **kwargs):
+        return module.moe_fused_gate(*args, **kwargs)  # the stand-in: raises and records
+
+    lib.impl("moe_fused_gate", moe_fused_gate, "CompositeExplicitAutograd")
+    _torch_libs.append(lib)
+
+
+def _platform() -> str:
+    from sglang_fl.config import get_settings
+
+    return get_settings().platform
+
+
+def _set_default(name: str, value: str) -> None:
+    if name not in os.environ:
+        os.environ[name] = value
+        state.env_set[name] = value
+
+
+def activate() -> None:
+    """Enter empty mode for the packages that are missing; idempotent; see the ledger above."""
+    if state.active:
+        return
+    state.active = True
+    import importlib  # noqa: F401  (used by _broken)
+
+    missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
+    tv_broken = False
+    if _absent("torchvision"):
+        missing.append("torchvision")
+    elif _broken("torchvision"):
+        missing.append("torchvision")
+        tv_broken = True
+
+    from sglang_fl.compat import swaps
+
+    swaps.install()
+    if not missing:
+        return
+    finder = StandinFinder(
+        {p: STANDIN_PACKAGES[p] for p in missing},
+        on_exec={"sgl_kernel": _define_moe_fused_gate},
+    )
+    if tv_broken:
+        sys.meta_path.insert(0, finder)  # must shadow the broken real torchvision
+    else:
+        sys.meta_path.append(finder)  # real packages win if they appear later
+    state.standins = tuple(missing)
+
+    if "flashinfer" in missing:
+        _set_default("SGLANG_IS_FLASHINFER_AVAILABLE", "false")
+    if "sgl_kernel" in missing:
+        _set_default("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
+        if _platform() == "cpu":
+            _set_default("SGLANG_USE_CPU_ENGINE", "1")
+    logger.info("sglang-fl empty mode: stand-ins for %s; env %s", ", ".join(missing), state.env_set)

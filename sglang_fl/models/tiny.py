@@ -1,0 +1,228 @@
+"""A random-weight Qwen2 written to disk, with a tokenizer trained here.
+
+The demo, the end-to-end tests and the GPU benchmarks need a model that SGLang loads like any
+checkpoint (``config.json`` + safetensors + tokenizer + chat template) without downloading
+anything. The weights are random, so replies are gibberish; what matters is that every layer
+SGLang runs for a real Qwen2 runs here too, and that the result is bit-for-bit reproducible
+(seeded), so greedy token ids can be compared across backends and against HF transformers.
+
+The tokenizer is a byte-level BPE trained on a small generated corpus and padded with filler
+tokens up to the model's vocabulary size, so every id the model can emit decodes to text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Bump when the on-disk layout or the generation procedure changes, so cached dirs rebuild.
+FORMAT_VERSION = 1
+MANIFEST = "sglang_fl_tiny_model.json"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Dimensions of the generated Qwen2; the defaults fit 2 CPU cores."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 352
+    vocab_size: int = 1024
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"
+    #: Larger than HF's 0.02 on the tiny model so greedy argmax is far from ties, which keeps
+    #: token-id comparisons across numerically different backends stable.
+    initializer_range: float = 0.1
+    seed: int = 0
+
+    def validate(self) -> None:
+        ints = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                "vocab_size", "max_position_embeddings")
+        for name in ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"tiny model {name}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"tiny model hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"tiny model num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}"
+            )
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(f"tiny model head size {self.hidden_size // self.num_heads} must be even (RoPE)")
+        if self.vocab_size < 512:
+            raise ValueError(f"tiny model vocab_size={self.vocab_size} must be >= 512 (byte alphabet + merges)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tiny model dtype={self.dtype!r} is not accepted; accepted: {', '.join(DTYPES)}")
+
+
+PRESETS: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    # Qwen2.5-0.5B's shapes (random weights): what the GPU performance work uses.
+    "qwen2.5-0.5b": TinyModelSpec(
+        hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+        dtype="bfloat16", initializer_range=0.02,
+    ),
+}
+
+
+def make_tiny_model(path: str | Path, *, preset: str = "tiny", **overrides) -> Path:
+    """Write (or reuse) a random-weight Qwen2 checkpoint at ``path`` and return the path.
+
+    ``overrides`` are `TinyModelSpec` fields (``hidden_size``, ``num_layers``, ``vocab_size``...)
+    applied on top of ``preset``. A directory already holding a model built from the same spec
+    is reused as is; any other non-empty directory is refused rather than overwritten.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown tiny model preset {preset!r}; accepted: {', '.join(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(TinyModelSpec)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown tiny model option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(fields))}")
+    spec = dataclasses.replace(PRESETS[preset], **overrides)
+    spec.validate()
+
+    out = Path(path).expanduser().resolve()
+    manifest = {"format_version": FORMAT_VERSION, "spec": dataclasses.asdict(spec)}
+    manifest_path = out / MANIFEST
+    if manifest_path.exists():
+        try:
+            existing = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            existing = None
+        if existing == manifest and (out / "model.safetensors").exists():
+            return out
+    if out.exists() and any(out.iterdir()) and not manifest_path.exists():
+        raise FileExistsError(f"{out} is not empty and holds no sglang-fl tiny model; choose another directory")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path.unlink(missing_ok=True)  # a partial write must not look complete
+
+    _write_tokenizer(out, spec)
+    _write_model(out, spec)
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _corpus(seed: int, lines: int = 4000) -> list[str]:
+    """Deterministic English-like text: enough structure for BPE merges, no downloads."""
+    words = (
+        "the a an of to in and is it that for on with as was he she they we you are be this have "
+        "from or one had by word but not what all were when your can said there use each which do "
+        "how their if will up other about out many then them these so some her would make like "
+        "him into time has look two more write go see number no way could people my than first "
+        "water been call who oil its now find long down day did get come made may part model "
+        "token server request kernel chip layer norm rotary attention cache batch decode prefill "
+        "hello world python torch tensor vector matrix plugin backend vendor reference answer "
+        "question chat assistant user system please thanks yes sure okay good great small tiny"
+    ).split()
+    rng = random.Random(seed)
+    punct = [".", ".", ".", "?", "!", ","]
+    out = []
+    for _ in range(lines):
+        n = rng.randint(4, 14)
+        sentence = " ".join(rng.choice(words) for _ in range(n))
+        out.append(sentence[0].upper() + sentence[1:] + rng.choice(punct) + f" {rng.randint(0, 999)}")
+    return out
+
+
+def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    base_vocab = spec.vocab_size - len(SPECIAL_TOKENS)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(base_vocab, 4096),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+
+    # Pad with filler tokens (never produced by encoding, decodable) up to the model vocab, so
+    # any id a random model emits maps to text; then the specials take the last ids.
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    i = 0
+    while len(vocab) < base_vocab:
+        name = f"<f{i}>"
+        if name not in vocab:
+            vocab[name] = len(vocab)
+        i += 1
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    assert tok.get_vocab_size() == spec.vocab_size, (tok.get_vocab_size(), spec.vocab_size)
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=spec.max_position_embeddings,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def _write_model(out: Path, spec: TinyModelSpec) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = _token_ids(out)
+    config = Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=vocab["<|endoftext|>"],
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+        use_sliding_window=False,
+    )
+    dtype = getattr(torch, spec.dtype)
+    torch.manual_seed(spec.seed)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(config)
+    model.to(dtype)
+    config.torch_dtype = spec.dtype
+    model.config.torch_dtype = spec.dtype
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=[config.eos_token_id, config.pad_token_id],
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(out)
+
+
+def _token_ids(out: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}

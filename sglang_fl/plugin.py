@@ -1,0 +1,56 @@
+"""What ``load_plugin`` does in every SGLang process: validate Settings, then install each layer.
+
+Order matters: Settings first (a bad value must stop start-up with its message rather than be
+logged and ignored by SGLang's plugin loader), then Layer 1, then the hooks of Layers 2 and 3,
+which SGLang applies right after all plugins ran.
+"""
+
+from __future__ import annotations
+
+from sglang_fl.config import SettingsError, get_settings
+from sglang_fl.logging_setup import configure_logging, get_logger
+
+logger = get_logger("plugin")
+_installed = False
+
+
+class ConfigurationExit(SystemExit):
+    """Raised for a bad configuration. A SystemExit, because SGLang's plugin loader catches
+    and merely logs ordinary exceptions, which would start the server without the plugin."""
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        logger.error("invalid sglang-fl configuration: %s", exc)
+        raise ConfigurationExit(f"sglang-fl: invalid configuration: {exc}") from exc
+    configure_logging(settings.log_level)
+    _installed = True
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_fl.aten import enable_layer1
+    from sglang_fl.sglang_glue import server_defaults
+
+    HookRegistry.register(server_defaults.POST_INIT_TARGET, server_defaults.remember_user_choices,
+                          HookType.BEFORE)
+    enable_layer1(settings)
+
+    if settings.oot_enabled:
+        from sglang_fl.dispatch import get_manager
+        from sglang_fl.sglang_glue.layer_hook import LayerRouter, register_layer_hook
+
+        register_layer_hook(LayerRouter(settings, get_manager()))
+    else:
+        logger.info("Layer 2 (fused ops) disabled: SGLANG_FL_OOT_ENABLED=0")
+
+    try:
+        from sglang_fl import distributed
+    except ImportError:
+        distributed = None
+    if distributed is not None and hasattr(distributed, "register_hooks"):
+        distributed.register_hooks(settings)

@@ -1,0 +1,6 @@
+"""SGLang-facing glue for Layer 2: the hook on SGLang's op dispatch, the per-op bridges from
+SGLang's forward signatures to the standard op signatures, and the dispatch log.
+
+The op implementations themselves live in ``sglang_fl.dispatch`` and know nothing of SGLang.
+Everything that depends on the SGLang version is in ``sglang_version``.
+"""

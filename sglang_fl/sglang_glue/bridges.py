@@ -1,0 +1,142 @@
+"""Bridges: turn an SGLang layer's forward call into a call of the resolved op impl.
+
+Each ``bind_<op>(layer, slot, native)`` returns the callable stored as the layer's
+``_forward_method``; it does only the argument adaptation SGLang's signature needs and then
+``slot.fn(layer, ...)``. ``native`` is the method SGLang itself chose; a bridge uses it for the
+few call shapes the standard op cannot express (logged once).
+"""
+
+from __future__ import annotations
+
+from sglang_fl.dispatch.manager import ResolvedOp
+from sglang_fl.dispatch.types import OpImpl
+from sglang_fl.logging_setup import get_logger
+from sglang_fl.sglang_glue.dispatch_log import log_dispatch
+
+logger = get_logger("sglang_glue")
+_logged_once: set[str] = set()
+
+
+def log_once(key: str, msg: str, *args) -> None:
+    if key not in _logged_once:
+        _logged_once.add(key)
+        logger.info(msg, *args)
+
+
+class ImplSlot:
+    """The impl a layer currently calls. ``fn`` is read on every call; ``fail`` runs only when
+    the impl raised (non-strict fallback to the next candidate)."""
+
+    __slots__ = ("impl", "fn", "resolved", "class_name", "log_path")
+
+    def __init__(self, resolved: ResolvedOp, class_name: str, log_path: str | None) -> None:
+        self.resolved = resolved
+        self.class_name = class_name
+        self.log_path = log_path
+        self._set(resolved.impl)
+
+    def _set(self, impl: OpImpl) -> None:
+        self.impl = impl
+        self.fn = impl.fn
+
+    def call_after_failure(self, exc: Exception, *args, **kwargs):
+        """Fall back (or re-raise in strict mode) until an impl succeeds."""
+        while True:
+            impl = self.resolved.fallback(self.impl, exc)
+            self._set(impl)
+            log_dispatch(self.class_name, impl.label, self.log_path)
+            try:
+                return self.fn(*args, **kwargs)
+            except Exception as next_exc:  # noqa: BLE001
+                exc = next_exc
+
+
+def bind_silu_and_mul(layer, slot: ImplSlot, native):
+    def forward(x):
+        try:
+            return slot.fn(layer, x)
+        except Exception as exc:  # noqa: BLE001
+            return slot.call_after_failure(exc, layer, x)
+
+    return forward
+
+
+# RMSNorm options the standard ``rms_norm`` op does not express; such layers stay native.
+_RMSNORM_UNSUPPORTED = (
+    ("variance_size_override", None),
+    ("fp32_residual", False),
+    ("override_orig_dtype", None),
+    ("cast_x_before_out_mul", False),
+)
+
+
+def bind_rms_norm(layer, slot: ImplSlot, native):
+    unsupported = [a for a, ok in _RMSNORM_UNSUPPORTED if getattr(layer, a, ok) not in (ok,)]
+    if unsupported:
+        log_once(f"rmsnorm-{unsupported}", "%s with %s keeps SGLang's own forward (%s)",
+                 type(layer).__name__, ", ".join(unsupported), getattr(native, "__name__", native))
+        return native
+
+    def forward(x, residual=None, post_residual_addition=None):
+        if residual is None:
+            try:
+                return slot.fn(layer, x)
+            except Exception as exc:  # noqa: BLE001
+                return slot.call_after_failure(exc, layer, x)
+        if post_residual_addition is not None:
+            residual = residual + post_residual_addition
+        try:
+            return slot.fn(layer, x, residual)
+        except Exception as exc:  # noqa: BLE001
+            return slot.call_after_failure(exc, layer, x, residual)
+
+    return forward
+
+
+bind_gemma_rms_norm = bind_rms_norm
+
+
+class _RopeCaches:
+    """cos/sin halves of the layer's ``cos_sin_cache``, split once (not per call) and
+    re-split only if SGLang replaces the cache (e.g. moves it to another device)."""
+
+    __slots__ = ("source", "cos", "sin")
+
+    def __init__(self) -> None:
+        self.source = None
+
+    def get(self, layer):
+        cache = layer.cos_sin_cache
+        if cache is not self.source:
+            cos, sin = cache.chunk(2, dim=-1)
+            self.cos, self.sin, self.source = cos.contiguous(), sin.contiguous(), cache
+        return self.cos, self.sin
+
+
+def bind_rotary_embedding(layer, slot: ImplSlot, native):
+    caches = _RopeCaches()
+
+    def forward(positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+        if fused_set_kv_buffer_arg is not None:
+            log_once(f"rope-fused-kv-{type(layer).__name__}",
+                     "%s called with a fused KV-buffer argument: using SGLang's own forward "
+                     "for those calls", type(layer).__name__)
+            return native(positions, query, key, offsets, fused_set_kv_buffer_arg)
+        if offsets is not None:
+            positions = positions + offsets
+        cos, sin = caches.get(layer)
+        interleaved = not layer.is_neox_style
+        try:
+            return slot.fn(layer, query, key, cos, sin, positions, interleaved, True)
+        except Exception as exc:  # noqa: BLE001
+            return slot.call_after_failure(exc, layer, query, key, cos, sin, positions, interleaved, True)
+
+    return forward
+
+
+BRIDGES = {
+    "silu_and_mul": bind_silu_and_mul,
+    "rms_norm": bind_rms_norm,
+    "gemma_rms_norm": bind_gemma_rms_norm,
+    "rotary_embedding": bind_rotary_embedding,
+}

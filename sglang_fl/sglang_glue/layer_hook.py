@@ -1,0 +1,76 @@
+"""Layer 2 hook: decide, once per SGLang layer instance, which forward it runs.
+
+The AROUND hook on SGLang's ``dispatch_forward`` gets the method SGLang picked (``native``).
+For a routed layer it resolves the op (cached per op by the manager), writes the dispatch log
+line and returns a one-shot binder; SGLang stores that as the layer's ``_forward_method``.
+The binder runs on the layer's first call (the layer's attributes, e.g. ``cos_sin_cache``,
+do not exist yet while ``dispatch_forward`` runs inside ``__init__``), builds the bridge and
+replaces itself, so every later call is SGLang's ``forward`` -> bridge -> impl.
+"""
+
+from __future__ import annotations
+
+import functools
+import pkgutil
+
+from sglang_fl.config import Settings
+from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.logging_setup import get_logger
+from sglang_fl.sglang_glue import sglang_version
+from sglang_fl.sglang_glue.bridges import BRIDGES, ImplSlot
+from sglang_fl.sglang_glue.dispatch_log import log_dispatch
+
+logger = get_logger("sglang_glue")
+
+
+class LayerRouter:
+    """Maps a layer class to its route (or None), once per class."""
+
+    def __init__(self, settings: Settings, manager: OpManager) -> None:
+        self.settings = settings
+        self.manager = manager
+        self._routes = [(pkgutil.resolve_name(r.class_path), r) for r in sglang_version.LAYER_ROUTES]
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - one router per process, classes are few
+    def route_for(self, cls: type):
+        for base, route in self._routes:
+            if not issubclass(cls, base):
+                continue
+            overridden = [m for m in sglang_version.FORWARD_METHODS
+                          if getattr(cls, m, None) is not getattr(base, m, None)]
+            if overridden:
+                logger.debug("%s overrides %s of %s: left to SGLang", cls.__name__, overridden,
+                             base.__name__)
+                return None
+            if not self.settings.routes_class((route.class_name, cls.__name__)):
+                logger.debug("%s not routed (SGLANG_FL_OOT_* settings)", cls.__name__)
+                return None
+            return route
+        return None
+
+    def bind(self, layer, native):
+        """What ``dispatch_forward`` returns for ``layer``."""
+        route = self.route_for(type(layer))
+        if route is None:
+            return native
+        resolved = self.manager.resolve(route.op_name)
+        class_name = type(layer).__name__
+        log_path = self.settings.dispatch_log
+        log_dispatch(class_name, resolved.impl.label, log_path)
+        make_bridge = BRIDGES[route.op_name]
+
+        def bind_on_first_call(*args, **kwargs):
+            forward = make_bridge(layer, ImplSlot(resolved, class_name, log_path), native)
+            layer._forward_method = forward
+            return forward(*args, **kwargs)
+
+        return bind_on_first_call
+
+
+def register_layer_hook(router: LayerRouter) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def around_dispatch_forward(original, layer, *args, **kwargs):
+        return router.bind(layer, original(layer, *args, **kwargs))
+
+    HookRegistry.register(sglang_version.DISPATCH_HOOK_TARGET, around_dispatch_forward, HookType.AROUND)

@@ -1,0 +1,163 @@
+"""Settings: precedence env > user YAML > platform YAML > defaults, provenance, and every
+bad-input message."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_fl.config import _CONFIG_DIR, FIELDS, SettingsError, build_settings
+from sglang_fl.config.settings import YAML_KEYS
+
+
+def build(env=None, platform="cpu"):
+    return build_settings(env=env or {}, detect_platform=lambda: platform)
+
+
+def test_config_dir_holds_every_platform_yaml_and_the_sample():
+    for name in ("cuda", "ascend", "musa", "cpu", "sample"):
+        assert (_CONFIG_DIR / f"{name}.yaml").is_file()
+
+
+def test_sample_yaml_documents_every_key_and_loads():
+    text = (_CONFIG_DIR / "sample.yaml").read_text()
+    for key in YAML_KEYS:
+        assert f"{key}:" in text, key
+    s = build({"SGLANG_FL_CONFIG": str(_CONFIG_DIR / "sample.yaml")})
+    assert s.origins["prefer"].startswith("yaml ")
+
+
+def test_cuda_yaml_keeps_broken_flaggems_ops_out_of_layer1():
+    s = build(platform="cuda")
+    assert {"mul", "pow_scalar"} <= set(s.flagos_blacklist)
+    assert s.origins["flagos_blacklist"] == "platform cuda.yaml"
+
+
+def test_defaults_without_any_source(tmp_path):
+    s = build(platform="nonexistent-platform-without-yaml") if False else build()
+    assert s.oot_enabled is True and s.strict is False
+    assert s.origins["strict"] == "default"
+    assert s.platform == "cpu" and s.origins["platform"] == "auto-detected"
+
+
+@pytest.mark.parametrize("field", [f for f in FIELDS if f.env and f.yaml_key], ids=lambda f: f.name)
+def test_env_beats_user_yaml_beats_platform_yaml(field, tmp_path):
+    samples = {
+        "oot_enabled": ("0", True, None), "prefer": ("vendor", "flagos", None),
+        "op_backends": ("rms_norm=vendor|flagos", {"rms_norm": ["reference"]}, None),
+        "oot_blacklist": ("RMSNorm", ["SiluAndMul"], None),
+        "oot_whitelist": ("RMSNorm", ["SiluAndMul"], None),
+        "strict": ("1", False, None), "deny_vendors": ("cuda", ["ascend"], None),
+        "allow_vendors": ("cuda", ["ascend"], None), "dispatch_log": ("/tmp/a", "/tmp/b", None),
+        "use_flaggems": ("1", False, None), "flagos_whitelist": ("mm", ["add"], None),
+        "flagos_blacklist": ("mm", ["add"], None), "flaggems_record": ("1", False, None),
+        "flaggems_log_path": ("/tmp/x", "/tmp/y", None), "flaggems_log_once": ("0", True, None),
+        "dist_backend": ("flagcx", "nccl", None), "flagcx_path": ("/opt/a", "/opt/b", None),
+        "log_level": ("DEBUG", "WARNING", None),
+    }
+    env_value, yaml_value, _ = samples[field.name]
+    cfg = tmp_path / "user.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump({field.yaml_key: yaml_value}))
+    from_yaml = build({"SGLANG_FL_CONFIG": str(cfg)})
+    assert from_yaml.origins[field.name] == f"yaml {cfg}"
+    from_env = build({"SGLANG_FL_CONFIG": str(cfg), field.env: env_value})
+    assert from_env.origins[field.name] == f"env {field.env}"
+    assert getattr(from_env, field.name) != getattr(from_yaml, field.name)
+
+
+def test_user_yaml_beats_platform_yaml(tmp_path):
+    cfg = tmp_path / "u.yaml"
+    cfg.write_text("prefer: vendor\n")
+    assert build(platform="cpu").prefer == "reference"  # cpu.yaml
+    s = build({"SGLANG_FL_CONFIG": str(cfg)}, platform="cpu")
+    assert s.prefer == "vendor" and s.origins["prefer"] == f"yaml {cfg}"
+
+
+def test_platform_env_selects_platform_yaml():
+    s = build({"SGLANG_FL_PLATFORM": "cuda"}, platform="cpu")
+    assert s.platform == "cuda" and s.origins["platform"] == "env SGLANG_FL_PLATFORM"
+    assert s.dist_backend == "nccl"
+
+
+def test_per_op_parsing_and_order():
+    s = build({"SGLANG_FL_PER_OP": "rms_norm=vendor|flagos; silu_and_mul=reference"})
+    assert s.op_backends["rms_norm"] == ("vendor", "flagos")
+    assert s.backend_order("rms_norm") == ("vendor", "flagos")
+    assert s.backend_order("rotary_embedding")[0] == s.prefer
+
+
+def test_flagcx_path_implies_flagcx_backend():
+    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="cuda")
+    # cuda.yaml says nccl; FLAGCX_PATH alone does not beat an explicit platform value...
+    assert s.dist_backend == "nccl"
+    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="no-yaml")
+    assert s.dist_backend == "flagcx" and s.origins["dist_backend"] == "implied by FLAGCX_PATH"
+
+
+@pytest.mark.parametrize("env, needles", [
+    ({"SGLANG_FL_PREFER": "gpu"}, ["SGLANG_FL_PREFER", "'gpu'", "flagos, vendor, reference"]),
+    ({"SGLANG_FL_PER_OP": "rms_norm"}, ["SGLANG_FL_PER_OP", "malformed", "'rms_norm'"]),
+    ({"SGLANG_FL_PER_OP": "rms_norm=cuda"}, ["SGLANG_FL_PER_OP[rms_norm]", "'cuda'", "flagos, vendor, reference"]),
+    ({"SGLANG_FL_PER_OP": "rmsnorm=vendor"}, ["unknown op", "'rmsnorm'", "rms_norm"]),
+    ({"SGLANG_FL_OOT_WHITELIST": "RMSNorm", "SGLANG_FL_OOT_BLACKLIST": "SiluAndMul"},
+     ["SGLANG_FL_OOT_WHITELIST", "SGLANG_FL_OOT_BLACKLIST", "mutually exclusive"]),
+    ({"SGLANG_FL_FLAGOS_WHITELIST": "mm", "SGLANG_FL_FLAGOS_BLACKLIST": "add"}, ["mutually exclusive"]),
+    ({"SGLANG_FL_OOT_BLACKLIST": "LayerNorm"}, ["SGLANG_FL_OOT_BLACKLIST", "'LayerNorm'", "RMSNorm"]),
+    ({"SGLANG_FL_STRICT": "maybe"}, ["SGLANG_FL_STRICT", "'maybe'", "true/false"]),
+    ({"SGLANG_FL_DIST_BACKEND": "mpi"}, ["SGLANG_FL_DIST_BACKEND", "'mpi'", "nccl, hccl, flagcx"]),
+    ({"SGLANG_FL_PLATFORM": "tpu"}, ["SGLANG_FL_PLATFORM", "'tpu'", "cuda, ascend, musa, cpu"]),
+    ({"SGLANG_FL_LOG_LEVEL": "LOUD"}, ["SGLANG_FL_LOG_LEVEL", "'LOUD'", "DEBUG"]),
+    ({"SGLANG_FL_CONFIG": "/nonexistent/x.yaml"}, ["SGLANG_FL_CONFIG", "/nonexistent/x.yaml", "does not exist"]),
+    ({"SGLANG_FL_ALLOW_VENDORS": "cuda", "SGLANG_FL_DENY_VENDORS": "cuda"}, ["cuda", "allowed", "denied"]),
+])
+def test_bad_env_values_name_the_variable_the_value_and_the_choices(env, needles):
+    with pytest.raises(SettingsError) as err:
+        build(env)
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("preferr: flagos\n", ["unknown key", "'preferr'", "prefer"]),
+    ("- a\n- b\n", ["must hold a mapping", "list"]),
+    ("prefer: [flagos\n", ["not valid YAML"]),
+    ("op_backends:\n  rms_norm: [gpu]\n", ["op_backends.rms_norm", "'gpu'", "flagos, vendor, reference"]),
+    ("oot_whitelist: [RMSNorm]\noot_blacklist: [SiluAndMul]\n", ["mutually exclusive"]),
+    ("!!python/object/apply:os.system ['echo pwned']\n", ["not valid YAML"]),
+])
+def test_bad_yaml_names_the_key_and_the_file(tmp_path, text, needles):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    with pytest.raises(SettingsError) as err:
+        build({"SGLANG_FL_CONFIG": str(cfg)})
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_unreadable_config_file(tmp_path):
+    d = tmp_path / "dir.yaml"
+    d.mkdir()
+    with pytest.raises(SettingsError, match="cannot be read"):
+        build({"SGLANG_FL_CONFIG": str(d)})
+
+
+def test_flagos_whitelist_beats_yaml_blacklist():
+    s = build({"SGLANG_FL_FLAGOS_WHITELIST": "mm,addmm"}, platform="cuda")
+    assert s.flagos_whitelist == ("mm", "addmm") and s.flagos_blacklist == ()
+    assert "whitelist" in s.origins["flagos_blacklist"]
+
+
+def test_settings_are_immutable():
+    s = build()
+    with pytest.raises(AttributeError):
+        s.prefer = "vendor"
+    with pytest.raises(TypeError):
+        s.op_backends["rms_norm"] = ("vendor",)
+
+
+def test_routes_class_lists():
+    assert build({"SGLANG_FL_OOT_BLACKLIST": "RotaryEmbedding"}).routes_class(("RotaryEmbedding", "Llama3RotaryEmbedding")) is False
+    assert build({"SGLANG_FL_OOT_WHITELIST": "RMSNorm"}).routes_class(("SiluAndMul", "SiluAndMul")) is False
+    assert build({"SGLANG_FL_OOT_ENABLED": "0"}).routes_class(("RMSNorm", "RMSNorm")) is False
+    assert build().routes_class(("RMSNorm", "RMSNorm")) is True
