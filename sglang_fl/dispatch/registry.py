@@ -8,6 +8,13 @@ from collections.abc import Iterable
 from sglang_fl.dispatch.types import OpImpl
 
 
+def _origin(impl: OpImpl):
+    """What makes two registrations "the same": a re-run of the same backend's registration
+    (new backend object, same method) is the same impl."""
+    fn = getattr(impl.fn, "__func__", impl.fn)
+    return (impl.kind, impl.vendor, getattr(fn, "__module__", None), getattr(fn, "__qualname__", fn))
+
+
 class OpRegistry:
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -19,7 +26,7 @@ class OpRegistry:
         with self._lock:
             table = self._impls.setdefault(impl.op_name, {})
             old = table.get(impl.impl_id)
-            if old is not None and old != impl:
+            if old is not None and _origin(old) != _origin(impl):
                 raise ValueError(
                     f"op {impl.op_name!r}: impl id {impl.impl_id!r} is already registered "
                     f"by {old.fn!r}; pick another impl_id"

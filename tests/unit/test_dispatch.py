@@ -1,0 +1,198 @@
+"""Dispatch policy and manager: ordering, vendor filters, strict vs fallback, the
+'No available implementation' message, cached resolution, fork and thread safety."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from sglang_fl.config import build_settings
+from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.dispatch.policy import SelectionPolicy
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, NoImplementationError, OpImpl
+
+
+def tagged(tag):
+    def fn(obj, x):
+        return (tag, x)
+    return fn
+
+
+def failing(obj, x):
+    raise RuntimeError("kernel exploded")
+
+
+IMPLS = [
+    OpImpl("rms_norm", "flagos", BackendImplKind.FLAGOS, tagged("flagos")),
+    OpImpl("rms_norm", "vendor.cuda", BackendImplKind.VENDOR, tagged("cuda"), vendor="cuda"),
+    OpImpl("rms_norm", "vendor.ascend", BackendImplKind.VENDOR, tagged("ascend"), vendor="ascend",
+           priority=BackendPriority.VENDOR + 1),
+    OpImpl("rms_norm", "reference", BackendImplKind.REFERENCE, tagged("reference")),
+]
+
+
+def manager_for(env, impls=IMPLS):
+    settings = build_settings(env=env, detect_platform=lambda: "none")
+    registry = OpRegistry()
+    registry.register_many(impls)
+    return OpManager(registry, SelectionPolicy.from_settings(settings))
+
+
+def order(env):
+    return [i.impl_id for i in manager_for(env).resolve("rms_norm").candidates]
+
+
+def test_priorities_match_the_contract():
+    assert (BackendPriority.FLAGOS, BackendPriority.VENDOR, BackendPriority.REFERENCE) == (150, 100, 50)
+    assert OpImpl("x", "r", "reference", tagged("r")).priority == 50
+
+
+def test_prefer_orders_kinds_then_priority_within_a_kind():
+    assert order({}) == ["flagos", "vendor.ascend", "vendor.cuda", "reference"]
+    assert order({"SGLANG_FL_PREFER": "vendor"}) == ["vendor.ascend", "vendor.cuda", "flagos", "reference"]
+    assert order({"SGLANG_FL_PREFER": "reference"})[0] == "reference"
+
+
+def test_per_op_order_wins_and_drops_unlisted_kinds():
+    assert order({"SGLANG_FL_PER_OP": "rms_norm=reference|vendor"}) == [
+        "reference", "vendor.ascend", "vendor.cuda"]
+
+
+def test_allow_and_deny_vendors():
+    assert "vendor.cuda" not in order({"SGLANG_FL_DENY_VENDORS": "cuda"})
+    assert order({"SGLANG_FL_ALLOW_VENDORS": "cuda", "SGLANG_FL_PREFER": "vendor"})[:1] == ["vendor.cuda"]
+    sel = manager_for({"SGLANG_FL_DENY_VENDORS": "cuda"}).selection("rms_norm")
+    assert ("vendor.cuda", "vendor 'cuda' in SGLANG_FL_DENY_VENDORS") in sel.excluded
+
+
+def test_strict_keeps_only_the_first_kind():
+    assert order({"SGLANG_FL_STRICT": "1"}) == ["flagos"]
+
+
+def test_no_available_implementation_names_op_registered_and_excluded():
+    impls = [IMPLS[1]]  # only vendor.cuda
+    m = manager_for({"SGLANG_FL_DENY_VENDORS": "cuda"}, impls)
+    with pytest.raises(NoImplementationError) as err:
+        m.resolve("rms_norm")
+    msg = str(err.value)
+    assert "No available implementation for op 'rms_norm'" in msg
+    assert "registered: vendor.cuda" in msg and "SGLANG_FL_DENY_VENDORS" in msg
+
+
+def test_strict_with_unavailable_preferred_backend_errors():
+    m = manager_for({"SGLANG_FL_STRICT": "1"}, [IMPLS[3]])  # flagos preferred, only reference
+    with pytest.raises(NoImplementationError, match="strict"):
+        m.resolve("rms_norm")
+
+
+def test_fallback_logs_once_and_uses_next_candidate(caplog):
+    impls = [OpImpl("rms_norm", "flagos", "flagos", failing), IMPLS[3]]
+    m = manager_for({}, impls)
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch"):
+        assert m.call("rms_norm", None, 1) == ("reference", 1)
+        assert m.call("rms_norm", None, 2) == ("reference", 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "'rms_norm'" in warnings[0] and "'flagos'" in warnings[0] and "kernel exploded" in warnings[0]
+    assert m.resolve("rms_norm").failed[0][0] == "flagos"
+
+
+def test_strict_propagates_runtime_errors():
+    impls = [OpImpl("rms_norm", "flagos", "flagos", failing), IMPLS[3]]
+    m = manager_for({"SGLANG_FL_STRICT": "1"}, impls)
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        m.call("rms_norm", None, 1)
+
+
+def test_every_candidate_failing_reports_no_available_implementation():
+    impls = [OpImpl("rms_norm", "flagos", "flagos", failing),
+             OpImpl("rms_norm", "reference", "reference", failing)]
+    with pytest.raises(NoImplementationError, match="every candidate failed"):
+        manager_for({}, impls).call("rms_norm", None, 1)
+
+
+def test_resolution_runs_once(monkeypatch):
+    m = manager_for({})
+    calls = []
+    original = m._resolve_uncached
+    monkeypatch.setattr(m, "_resolve_uncached", lambda op: calls.append(op) or original(op))
+    first = m.resolve("rms_norm")
+    for _ in range(100):
+        assert m.resolve("rms_norm") is first
+    assert calls == ["rms_norm"]
+
+
+def test_concurrent_resolution_from_threads_builds_one_resolution():
+    m = manager_for({})
+    results, barrier = [], threading.Barrier(8)
+
+    def worker():
+        barrier.wait()
+        results.append(m.resolve("rms_norm"))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1
+
+
+def test_registry_rejects_a_different_impl_under_a_taken_id_but_accepts_the_same_again():
+    reg = OpRegistry()
+    reg.register(IMPLS[0])
+    reg.register(IMPLS[0])
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register(OpImpl("rms_norm", "flagos", "flagos", failing))
+
+
+def test_vendor_impl_must_name_its_vendor():
+    with pytest.raises(ValueError, match="vendor"):
+        OpImpl("rms_norm", "vendor.x", BackendImplKind.VENDOR, tagged("x"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_survives_fork_rediscovery_and_resolution_in_child(monkeypatch):
+    """A real fork while another thread holds the registry lock; the child re-runs discovery
+    (duplicate registration is a no-op) and resolves without deadlock."""
+    from sglang_fl.dispatch import manager as manager_mod
+    from sglang_fl.dispatch.discovery import discover_backends
+
+    monkeypatch.setenv("SGLANG_FL_PLATFORM", "cpu")
+    from sglang_fl.config import reset_settings
+
+    reset_settings()
+    manager_mod.reset_manager()
+    mgr = manager_mod.get_manager()
+    mgr.resolve("rms_norm")
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_lock():
+        with mgr.registry._lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold_lock)
+    t.start()
+    held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            child = manager_mod.get_manager()
+            discover_backends(child)
+            child.reset_resolution()
+            code = 0 if child.resolve("rms_norm").impl.impl_id == "reference" else 2
+        finally:
+            os._exit(code)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    manager_mod.reset_manager()
+    reset_settings()
+    assert os.WEXITSTATUS(status) == 0
