@@ -67,7 +67,7 @@ def _enable(settings: Settings) -> Layer1Status:
     try:
         import flag_gems
     except Exception as exc:  # noqa: BLE001 - FlagGems raises RuntimeError without a device
-        return Layer1Status(False, f"flag_gems cannot run here: {type(exc).__name__}: {str(exc).strip()}")
+        return Layer1Status(False, f"flag_gems cannot run here: {type(exc).__name__}: {' '.join(str(exc).split())}")
     log = dict(record=settings.flaggems_record, once=settings.flaggems_log_once,
                path=settings.flaggems_log_path)
     if settings.flagos_whitelist:

@@ -31,7 +31,7 @@ class LayerRouter:
         self.manager = manager
         self._routes = [(pkgutil.resolve_name(r.class_path), r) for r in sglang_version.LAYER_ROUTES]
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - one router per process, classes are few
+    @functools.cache  # noqa: B019 - one router per process, classes are few
     def route_for(self, cls: type):
         for base, route in self._routes:
             if not issubclass(cls, base):

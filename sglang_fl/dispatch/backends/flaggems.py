@@ -18,7 +18,7 @@ class FlagGemsBackend(Backend):
         try:
             import flag_gems
         except Exception as exc:  # noqa: BLE001 - FlagGems raises RuntimeError without a device
-            self.unavailable_reason = f"import flag_gems failed: {type(exc).__name__}: {str(exc).strip()}"
+            self.unavailable_reason = f"import flag_gems failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
             return False
         self._gems = flag_gems
         return True

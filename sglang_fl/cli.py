@@ -1,0 +1,125 @@
+"""``sglang-fl`` command line: inspect the effective configuration and op dispatch.
+
+- ``sglang-fl config [--json]``: every setting, its value and where it came from.
+- ``sglang-fl ops [--json]``: per op, the impl chosen on this machine, the candidates in
+  order, and why every other registered impl or backend was skipped.
+Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from sglang_fl.config import FIELDS, OP_NAMES, SettingsError, get_settings
+
+_EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor")
+
+
+def _format_value(value) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{k}={'|'.join(v)}" for k, v in value.items()) or "{}"
+    if isinstance(value, list):
+        return ",".join(value) or "[]"
+    return "null" if value is None else str(value)
+
+
+def cmd_config(args) -> int:
+    settings = get_settings()
+    values = settings.as_dict()
+    if args.json:
+        print(json.dumps({name: {"value": values[name], "origin": settings.origins[name]}
+                          for name in values}, indent=2))
+        return 0
+    width = max(len(f.name) for f in FIELDS)
+    for f in FIELDS:
+        print(f"{f.name:<{width}}  {_format_value(values[f.name]):<28}  ({settings.origins[f.name]})")
+    return 0
+
+
+def ops_report() -> dict:
+    """The data behind ``sglang-fl ops``: backends found and per-op resolution."""
+    from sglang_fl.dispatch import NoImplementationError, get_manager
+
+    manager = get_manager()
+    report = {
+        "platform": get_settings().platform,
+        "backends": [
+            {"name": b.name, "kind": b.kind, "available": b.available,
+             "detail": b.reason, "ops": list(b.ops)}
+            for b in manager.backends.values()
+        ],
+        "ops": {},
+    }
+    for op in OP_NAMES:
+        sel = manager.selection(op)
+        entry = {
+            "order": list(manager.policy.kinds_for(op)),
+            "candidates": [i.impl_id for i in sel.candidates],
+            "skipped": [{"impl": i, "why": why} for i, why in sel.excluded],
+        }
+        try:
+            entry["chosen"] = manager.resolve(op).impl.label
+        except NoImplementationError as exc:
+            entry["chosen"] = None
+            entry["error"] = str(exc)
+        report["ops"][op] = entry
+    return report
+
+
+def cmd_ops(args) -> int:
+    report = ops_report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0 if all(e["chosen"] for e in report["ops"].values()) else 1
+    print(f"platform: {report['platform']}")
+    print("backends:")
+    for b in report["backends"]:
+        state = f"available ({', '.join(b['ops'])})" if b["available"] else f"unavailable: {b['detail']}"
+        print(f"  {b['name']:<16} {b['kind']:<9} {state}")
+    print("ops:")
+    ok = True
+    for op, e in report["ops"].items():
+        print(f"  {op:<17} chosen: {e['chosen'] or 'NONE'}   order: {'>'.join(e['order'])}")
+        print(f"  {'':<17} candidates: {', '.join(e['candidates']) or '-'}")
+        for s in e["skipped"]:
+            print(f"  {'':<17} skipped {s['impl']}: {s['why']}")
+        if e.get("error"):
+            ok = False
+            print(f"  {'':<17} ERROR: {e['error']}")
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-fl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("config", help="show the effective settings and their origin")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_config)
+    p = sub.add_parser("ops", help="show which implementation each op uses here, and why")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ops)
+    for modname in _EXTRA_COMMAND_MODULES:
+        try:
+            module = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue
+        module.add_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as exc:
+        print(f"sglang-fl: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
