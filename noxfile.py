@@ -27,6 +27,13 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """Serve the embedded tiny model with the plugin and print one chat reply."""
+    install_cpu_stack(session)
+    session.run("sglang-fl", "demo", *session.posargs)
+
+
+@nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", "sglang_fl", "tests", "benchmarks", "noxfile.py")
