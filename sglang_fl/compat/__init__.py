@@ -15,10 +15,12 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
 3. ``standin:tvm_ffi`` -- ``sglang.jit_kernel`` compiles CUDA through apache-tvm-ffi. How:
    stand-in package; the fused ops that use it are routed by sglang-fl Layer 2, the two
    hard-wired calls are swapped (entry 6). Upstream: none. Remove with 1.
-4. ``standin:torchvision.io`` -- srt/utils/common.py imports ``torchvision.io.decode_jpeg`` at
-   module level; PyPI torchvision is a CUDA build that fails beside a CPU-only torch. How: a
-   stand-in namespace with only ``torchvision.io`` when torchvision is absent or fails to import.
-   Upstream: none. Remove when SGLang imports it lazily.
+4. ``standin:torchvision`` -- srt/utils/common.py imports ``torchvision.io.decode_jpeg`` at
+   module level, and transformers 5 requires torchvision for ``AutoImageProcessor`` (which
+   SGLang's configs register at import); PyPI torchvision is a CUDA build that fails beside a
+   CPU-only torch. How: a stand-in package when torchvision is absent or fails to import
+   (shadowing the broken one). Image/video inputs then fail with the stand-in error; text
+   serving never calls it. Upstream: none. Remove when SGLang and transformers import it lazily.
 5. ``env`` -- ``SGLANG_IS_FLASHINFER_AVAILABLE=false`` (flashinfer absent),
    ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1`` (sgl_kernel absent: engine.py reads its version),
    ``SGLANG_USE_CPU_ENGINE=1`` (CPU platform: SGLang's ``is_cpu()`` requires it, else CPU runs
@@ -67,9 +69,9 @@ LEDGER: tuple[Patch, ...] = (
           "none", "SGLang guards its flashinfer imports"),
     Patch("standin:tvm_ffi", "sglang.jit_kernel needs apache-tvm-ffi", "stand-in package",
           "none", "SGLang guards its JIT kernel path"),
-    Patch("standin:torchvision.io", "common.py imports torchvision.io.decode_jpeg at module level",
-          "stand-in namespace torchvision + torchvision.io", "none",
-          "SGLang imports torchvision lazily"),
+    Patch("standin:torchvision", "common.py imports torchvision.io at module level; transformers "
+          "needs torchvision to register image processors", "stand-in package", "none",
+          "SGLang and transformers import torchvision lazily"),
     Patch("env", "SGLang's own switches for a missing flashinfer/sgl_kernel and for CPU",
           "os.environ.setdefault before SGLang reads them", "SGLang's switches",
           "SGLang detects these itself"),
@@ -81,12 +83,12 @@ LEDGER: tuple[Patch, ...] = (
           "SGLang falls back when the JIT path is unavailable"),
 )
 
-# Absent CUDA-only packages and the submodules a stand-in serves (None: any).
+# Absent CUDA-only packages served by StandinFinder (any submodule).
 STANDIN_PACKAGES: dict[str, frozenset[str] | None] = {
     "sgl_kernel": None,
     "flashinfer": None,
     "tvm_ffi": None,
-    "torchvision": frozenset({"io"}),
+    "torchvision": None,
 }
 
 MOE_FUSED_GATE_SCHEMA = (
@@ -161,29 +163,24 @@ def activate() -> None:
     if state.active:
         return
     state.active = True
-    import importlib  # noqa: F401  (used by _broken)
-
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
-    tv_broken = False
-    if _absent("torchvision"):
+    tv_broken = not _absent("torchvision") and _broken("torchvision")
+    if tv_broken or _absent("torchvision"):
         missing.append("torchvision")
-    elif _broken("torchvision"):
-        missing.append("torchvision")
-        tv_broken = True
-
-    from sglang_fl.compat import swaps
-
-    swaps.install()
     if not missing:
         return
+    if "tvm_ffi" in missing:
+        from sglang_fl.compat import swaps
+
+        swaps.install()
     finder = StandinFinder(
         {p: STANDIN_PACKAGES[p] for p in missing},
         on_exec={"sgl_kernel": _define_moe_fused_gate},
     )
     if tv_broken:
-        sys.meta_path.insert(0, finder)  # must shadow the broken real torchvision
+        sys.meta_path.insert(0, finder)  # must shadow the installed, broken torchvision
     else:
-        sys.meta_path.append(finder)  # real packages win if they appear later
+        sys.meta_path.append(finder)  # real finders first: a package installed later still wins
     state.standins = tuple(missing)
 
     if "flashinfer" in missing:

@@ -9,9 +9,7 @@ ledger in ``sglang_fl/compat/__init__.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from typing import NamedTuple
 
 logger = logging.getLogger("sglang_fl.compat")
@@ -48,46 +46,8 @@ def apply_swaps(module) -> None:
             logger.debug("native swap: %s.%s -> %s", swap.module, swap.attr, swap.native)
 
 
-class _SwapLoader:
-    """Wraps the real loader: runs the module, then `apply_swaps`."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        apply_swaps(module)
-
-    def __getattr__(self, name):  # get_source, is_package ... for tracebacks and inspect
-        return getattr(self._loader, name)
-
-
-class SwapFinder:
-    """First entry of ``sys.meta_path`` for the modules in `NATIVE_SWAPS` only."""
-
-    def __init__(self):
-        self.modules = frozenset(s.module for s in NATIVE_SWAPS)
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.modules:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _SwapLoader(spec.loader)
-        return spec
-
-
 def install() -> None:
-    for swap in NATIVE_SWAPS:
-        if swap.module in sys.modules:  # already imported: swap in place
-            apply_swaps(sys.modules[swap.module])
-    if not any(isinstance(f, SwapFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, SwapFinder())
+    from sglang_fl.compat.module_hooks import add_hook
+
+    for module in dict.fromkeys(s.module for s in NATIVE_SWAPS):
+        add_hook(module, after=apply_swaps)
