@@ -210,8 +210,7 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     with torch.device("cpu"):
         model = Qwen2ForCausalLM(config)
     model.to(dtype)
-    config.torch_dtype = spec.dtype
-    model.config.torch_dtype = spec.dtype
+    model.config.dtype = spec.dtype  # written to config.json: what SGLang's --dtype auto uses
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=config.bos_token_id,

@@ -1,0 +1,241 @@
+"""Empty mode: stand-ins raise the documented error, the finder serves absent packages only,
+native swaps rebind SGLang's own twins, and the ledger covers every patch."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from sglang_fl import compat
+from sglang_fl.compat import module_hooks, standins, swaps
+from sglang_fl.compat.standins import Standin, StandinCalledError, StandinFinder, StandinModule
+
+
+def test_standin_call_raises_named_error_and_is_counted(capsys):
+    fn = Standin("sgl_kernel.rmsnorm")
+    before = standins.standin_calls().get("sgl_kernel.rmsnorm", 0)
+    with pytest.raises(StandinCalledError) as err:
+        fn(1, 2, eps=1e-6)
+    msg = str(err.value)
+    assert "sgl_kernel.rmsnorm was called" in msg
+    assert "sgl_kernel is not installed" in msg
+    assert "op rms_norm" in msg and "SGLANG_FL_OOT_BLACKLIST" in msg  # what routes around it
+    assert standins.standin_calls()["sgl_kernel.rmsnorm"] == before + 1
+    assert f"{standins.CALL_LOG_PREFIX} sgl_kernel.rmsnorm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("qualname", "hint"),
+    [
+        ("flashinfer.sampling.top_k_top_p_sampling_from_probs", "--sampling-backend pytorch"),
+        ("sgl_kernel.kvcacheio.transfer_kv_per_layer", "--enable-hierarchical-cache"),
+        ("sgl_kernel.silu_and_mul", "op silu_and_mul"),
+        ("tvm_ffi.cpp.load_inline", "apache-tvm-ffi"),
+        ("torchvision.io.decode_jpeg", "torchvision build"),
+        ("sgl_kernel.some_new_kernel", "no sglang-fl op covers it"),
+    ],
+)
+def test_every_package_has_a_route_hint(qualname, hint):
+    assert hint in standins.route_hint(qualname)
+
+
+def test_nested_attributes_and_subclassing_defer_the_error_to_use():
+    sampling = Standin("flashinfer.sampling")
+    nested = sampling.top_p_renorm_prob
+    assert repr(nested) == "<sglang-fl stand-in flashinfer.sampling.top_p_renorm_prob>"
+    with pytest.raises(AttributeError):
+        _ = sampling.__wrapped__  # dunders stay absent, so inspect/functools behave
+
+    class Wrapper(Standin("flashinfer.BatchPrefillWithPagedKVCacheWrapper")):
+        pass
+
+    with pytest.raises(StandinCalledError, match="BatchPrefillWithPagedKVCacheWrapper was called"):
+        Wrapper()
+
+
+def test_finder_serves_any_submodule_of_an_absent_package():
+    name = "sglang_fl_test_absent_pkg"
+    finder = StandinFinder({name: None})
+    sys.meta_path.append(finder)
+    try:
+        import importlib
+
+        sub = importlib.import_module(f"{name}.kvcacheio")
+        from sglang_fl_test_absent_pkg import some_kernel  # noqa: F401 -- import succeeds
+
+        assert getattr(sub, compat.STANDIN_MARKER) is True
+        with pytest.raises(StandinCalledError, match=rf"{name}\.kvcacheio\.transfer was called"):
+            sub.transfer()
+        with pytest.raises(AttributeError):
+            _ = sub.__version__
+    finally:
+        sys.meta_path.remove(finder)
+        for mod in [m for m in sys.modules if m.startswith(name)]:
+            del sys.modules[mod]
+
+
+def test_dispatch_backends_do_not_mistake_a_standin_for_the_real_package():
+    from sglang_fl.dispatch.backends import STANDIN_MARKER, real_module_available
+
+    assert STANDIN_MARKER == compat.STANDIN_MARKER
+    name = "sglang_fl_test_absent_vendor"
+    sys.modules[name] = StandinModule(name)
+    try:
+        ok, why = real_module_available(name)
+        assert not ok and why
+    finally:
+        del sys.modules[name]
+
+
+def test_namespace_only_module_has_no_functions():
+    top = StandinModule("sglang_fl_test_ns", namespace_only=True)
+    with pytest.raises(AttributeError):
+        _ = top.decode_jpeg
+
+
+def test_native_swap_rebinds_sglang_twin():
+    fbi = pytest.importorskip("sglang.srt.model_executor.forward_batch_info")
+    saved = fbi.clamp_position
+    try:
+        fbi.clamp_position = Standin("tvm_ffi.clamp_position_cuda")
+        swaps.apply_swaps(fbi)
+        assert fbi.clamp_position is fbi._clamp_position_native
+    finally:
+        fbi.clamp_position = saved
+
+
+def test_native_swap_names_must_exist_in_sglang():
+    import importlib
+
+    pytest.importorskip("sglang")
+    for swap in swaps.NATIVE_SWAPS:
+        module = importlib.import_module(swap.module)
+        assert callable(getattr(module, swap.attr)) and callable(getattr(module, swap.native)), swap
+
+
+def test_module_hooks_run_around_module_execution(tmp_path, monkeypatch):
+    (tmp_path / "sglang_fl_hooked_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    module_hooks.add_hook("sglang_fl_hooked_mod", before=seen.append,
+                          after=lambda m: seen.append(m.VALUE))
+    try:
+        import sglang_fl_hooked_mod  # noqa: F401
+
+        assert seen == ["sglang_fl_hooked_mod", 1]
+    finally:
+        module_hooks._before.pop("sglang_fl_hooked_mod")
+        module_hooks._after.pop("sglang_fl_hooked_mod")
+        sys.modules.pop("sglang_fl_hooked_mod", None)
+
+
+def test_ledger_lists_every_patch_with_why_how_upstream_and_removal():
+    names = {p.name for p in compat.LEDGER}
+    for pkg in compat.STANDIN_PACKAGES:
+        assert f"standin:{pkg}" in names
+    for swap in swaps.NATIVE_SWAPS:
+        assert f"swap:{swap.attr}" in names
+    for patch in compat.LEDGER:
+        assert all(patch), patch
+    for name in names:  # and the module docstring (the human-readable ledger) names each one
+        assert name.split(":")[-1] in compat.__doc__
+
+
+def test_bootstrap_respects_sglang_plugins(monkeypatch):
+    from sglang_fl.compat import bootstrap
+
+    for value, enabled in [("", True), ("sglang_fl", True), ("other, sglang_fl", True),
+                           ("__none__", False), ("other", False)]:
+        monkeypatch.setenv("SGLANG_PLUGINS", value)
+        assert bootstrap.plugin_enabled() is enabled, value
+
+
+_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    watcher = any(type(f).__name__ == "_SGLangImportWatcher" for f in sys.meta_path)
+    import sglang
+    import sglang.srt.utils.common  # imports torchvision.io at module level
+    out = {"watcher": watcher}
+    for name in ("sgl_kernel", "flashinfer", "tvm_ffi", "torchvision"):
+        try:
+            mod = __import__(name)
+            out[name] = bool(getattr(mod, "__sglang_fl_standin__", False))
+        except ImportError:
+            out[name] = "absent"
+    import torch
+    out["moe_fused_gate"] = hasattr(torch.ops.sgl_kernel, "moe_fused_gate")
+    out["env"] = {k: os.environ.get(k) for k in (
+        "SGLANG_IS_FLASHINFER_AVAILABLE", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK",
+        "SGLANG_USE_CPU_ENGINE")}
+    print("PROBE" + json.dumps(out))
+    """
+)
+
+
+def _probe(env_overrides):
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "USE_FLAGGEMS"))}
+    env.update(SGLANG_FL_PLATFORM="cpu", **env_overrides)
+    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE"))
+    return json.loads(line[5:])
+
+
+@pytest.mark.integration
+def test_pth_hook_activates_in_a_fresh_interpreter_and_keeps_user_values():
+    pytest.importorskip("sglang")
+    got = _probe({"SGLANG_IS_FLASHINFER_AVAILABLE": "true"})
+    assert got["watcher"] is True, "sglang_fl_compat.pth did not run: reinstall with pip install -e ."
+    assert got["sgl_kernel"] is True and got["flashinfer"] is True
+    assert got["tvm_ffi"] is True and got["torchvision"] is True
+    assert got["moe_fused_gate"] is True
+    assert got["env"] == {"SGLANG_IS_FLASHINFER_AVAILABLE": "true",  # the user's value wins
+                          "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+                          "SGLANG_USE_CPU_ENGINE": "1"}
+
+
+@pytest.mark.integration
+def test_sglang_plugins_none_leaves_python_untouched():
+    pytest.importorskip("sglang")
+    import os
+    import subprocess
+
+    env = dict(os.environ, SGLANG_PLUGINS="__none__")
+    code = ("import sys; assert not any(type(f).__name__ == '_SGLangImportWatcher' "
+            "for f in sys.meta_path)\ntry:\n import sgl_kernel\nexcept ImportError:\n print('ABSENT')")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ABSENT" in proc.stdout
+
+
+def _spawned_child(queue):
+    import sglang  # noqa: F401 -- the first SGLang import activates compat in this process
+
+    mod = sys.modules.get("sgl_kernel") or __import__("sgl_kernel")
+    queue.put(bool(getattr(mod, "__sglang_fl_standin__", False)))
+
+
+@pytest.mark.integration
+def test_standins_are_active_in_spawned_processes():
+    """SGLang spawns its scheduler/detokenizer/TP workers; the .pth must reach them."""
+    pytest.importorskip("sglang")
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_spawned_child, args=(queue,))
+    proc.start()
+    try:
+        assert queue.get(timeout=240) is True
+    finally:
+        proc.join(60)
+    assert proc.exitcode == 0

@@ -1,0 +1,92 @@
+"""The embedded model: loadable by HF, deterministic, reusable, and refuses bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from sglang_fl.models import PRESETS, make_tiny_model
+from sglang_fl.models.tiny import MANIFEST
+
+SMALL = dict(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128,
+             vocab_size=600)
+
+
+def _digest(path):
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", **SMALL)
+
+
+def test_checkpoint_loads_in_transformers_and_chats(small_model):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(small_model)
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == ("qwen2", 64, 1, 600)
+    tok = AutoTokenizer.from_pretrained(small_model)
+    assert len(tok) == 600  # every id the model can emit decodes
+    text = tok.apply_chat_template([{"role": "user", "content": "hello world"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok("The server answered the question.")["input_ids"]
+    assert tok.decode(ids) == "The server answered the question."
+    assert tok.eos_token_id == cfg.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(small_model)
+    out = model.generate(**tok("hello", return_tensors="pt"), max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == len(tok("hello")["input_ids"]) + 4 or cfg.eos_token_id in out[0].tolist()
+
+
+def test_same_spec_reuses_the_directory(small_model):
+    stamp = (small_model / "model.safetensors").stat().st_mtime_ns
+    assert make_tiny_model(small_model, **SMALL) == small_model
+    assert (small_model / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_deterministic_across_directories(small_model, tmp_path):
+    again = make_tiny_model(tmp_path / "again", **SMALL)
+    assert _digest(again) == _digest(small_model)
+    assert (again / "tokenizer.json").read_text() == (small_model / "tokenizer.json").read_text()
+    other_seed = make_tiny_model(tmp_path / "seed1", seed=1, **SMALL)
+    assert _digest(other_seed) != _digest(small_model)
+
+
+def test_changed_spec_rebuilds(tmp_path):
+    path = make_tiny_model(tmp_path / "m", **SMALL)
+    make_tiny_model(path, **{**SMALL, "num_layers": 2})
+    assert json.loads((path / MANIFEST).read_text())["spec"]["num_layers"] == 2
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"preset": "llama"}, "unknown tiny model preset 'llama'; accepted: tiny, qwen2.5-0.5b"),
+        ({"hidden_sise": 64}, "unknown tiny model option"),
+        ({"hidden_size": 100, "num_heads": 3}, "divisible by num_heads"),
+        ({"num_layers": 0}, "num_layers=0 must be a positive integer"),
+        ({"dtype": "int8"}, "accepted: float32, bfloat16, float16"),
+        ({"vocab_size": 100}, "vocab_size=100 must be >= 512"),
+    ],
+)
+def test_bad_input_names_the_option(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_tiny_model(tmp_path / "bad", **kwargs)
+
+
+def test_refuses_a_foreign_non_empty_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no sglang-fl tiny model"):
+        make_tiny_model(tmp_path, **SMALL)
+
+
+def test_qwen_preset_has_qwen2_5_0_5b_shapes():
+    spec = PRESETS["qwen2.5-0.5b"]
+    spec.validate()
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
+            spec.intermediate_size, spec.vocab_size, spec.tie_word_embeddings, spec.dtype) == (
+        24, 896, 14, 2, 4864, 151936, True, "bfloat16")
