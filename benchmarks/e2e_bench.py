@@ -1,0 +1,288 @@
+"""End-to-end GPU benchmark: the same ``python -m sglang.launch_server`` command under several
+sglang-fl configurations, measured interleaved.
+
+Every configuration serves the same checkpoint with the same SGLang flags (triton attention,
+pytorch sampling, CUDA graph on, piecewise CUDA graph off, radix cache off so prefill is really
+computed); only environment variables differ. All servers are started side by side on the one
+GPU (each gets a slice of its memory) and then measured in turns: each repeat visits every
+configuration once, in rotating order, so drift (clocks, other tenants) spreads over all of them.
+Per configuration and repeat:
+
+- decode tok/s at batch 1 and batch 32: ``(batch * (N - 1)) / (t(N new tokens) - t(1 new token))``
+  on the same prompts (128-token prompts, N = 128, ``ignore_eos``), i.e. prefill subtracted;
+- prefill tok/s: 8 prompts of 2048 tokens, 1 new token, ``tokens / t``.
+
+Medians over repeats with min/max go to JSON (``--out``) and a markdown table. The run also
+checks greedy ids of every configuration against HF transformers on the same weights, and keeps
+the ``[OOT-DISPATCH]`` lines each server wrote.
+
+    python benchmarks/e2e_bench.py --model /tmp/qwen05b --out benchmarks/results/h200/e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# name -> environment (added to the server's). The plugin is installed in all of them; what
+# changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
+# ops (Layer 1, the cuda.yaml default set when on).
+CONFIGS = {
+    "fl-defaults": {},  # what a user gets: cuda.yaml backend order and Layer-1 set
+    "flagos-L1off": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "0"},
+    "flagos-L1default": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "1"},
+    "reference-L1off": {"SGLANG_FL_PREFER": "reference", "USE_FLAGGEMS": "0"},
+    "vendor-L1off": {"SGLANG_FL_PREFER": "vendor", "USE_FLAGGEMS": "0"},
+    # SGLang's own forward_cuda (sgl_kernel / jit_kernel) with sglang-fl's Layer 2 switched off.
+    "native-L1off": {"SGLANG_FL_OOT_ENABLED": "0", "USE_FLAGGEMS": "0"},
+}
+
+SERVER_ARGS = [
+    "--attention-backend", "triton", "--sampling-backend", "pytorch",
+    "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
+    "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
+    "--skip-server-warmup", "--log-level", "warning",
+]
+
+
+def parse_config(text):
+    """``name=ENV=VAL,ENV=VAL`` (an extra configuration from the command line)."""
+    name, _, rest = text.partition("=")
+    env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return name, env
+
+
+def prompts(n, length, vocab, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
+
+
+def generate(server, ids, new_tokens, timeout=300.0):
+    payload = {"input_ids": ids if len(ids) > 1 else ids[0],
+               "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0,
+                                   "ignore_eos": True}}
+    t0 = time.perf_counter()
+    out = server.post_json("/generate", payload, timeout=timeout)
+    dt = time.perf_counter() - t0
+    outs = out if isinstance(out, list) else [out]
+    got = [len(o.get("output_ids", [])) for o in outs]
+    if any(g != new_tokens for g in got):
+        raise RuntimeError(f"asked {new_tokens} new tokens, got {got}")
+    return dt, outs
+
+
+def measure(server, vocab, seed, new_tokens):
+    res = {}
+    for batch in (1, 32):
+        ids = prompts(batch, 128, vocab, seed + batch)
+        t_one, _ = generate(server, ids, 1)
+        t_all, _ = generate(server, ids, new_tokens)
+        res[f"decode_bs{batch}_tok_s"] = batch * (new_tokens - 1) / max(t_all - t_one, 1e-9)
+    ids = prompts(8, 2048, vocab, seed + 99)
+    t_pref, _ = generate(server, ids, 1)
+    res["prefill_tok_s"] = 8 * 2048 / t_pref
+    return res
+
+
+def hf_greedy(model_path, ids, new_tokens):
+    """Greedy continuation by HF transformers on the same weights (checkpoint dtype)."""
+    import torch
+    import transformers
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
+    outs = []
+    with torch.no_grad():
+        for seq in ids:
+            x = torch.tensor([seq], device=device)
+            y = model.generate(x, max_new_tokens=new_tokens, do_sample=False,
+                               attention_mask=torch.ones_like(x), pad_token_id=0)
+            outs.append(y[0, len(seq):].tolist())
+    del model
+    return outs
+
+
+def greedy_match(got, expected):
+    """Fraction of prompts whose whole greedy continuation equals HF's."""
+    return sum(list(a) == list(b) for a, b in zip(got, expected, strict=True)) / len(expected)
+
+
+def start_all(configs, model, mem_fraction, log_dir, timeout):
+    """Start every server concurrently; returns {name: Server}, {name: error}."""
+    from sglang_fl.serving import launched_server
+
+    cms, servers, errors = {}, {}, {}
+    for i, (name, env) in enumerate(configs.items()):
+        env = dict(env)
+        env["SGLANG_FL_DISPATCH_LOG"] = str(log_dir / f"dispatch-{i}.log")
+        cms[name] = launched_server(
+            model, [*SERVER_ARGS, "--mem-fraction-static", str(mem_fraction)], env=env,
+            log_path=log_dir / f"server-{i}.log", timeout=timeout)
+    with cf.ThreadPoolExecutor(len(cms)) as pool:
+        futures = {pool.submit(cm.__enter__): name for name, cm in cms.items()}
+        for fut in cf.as_completed(futures):
+            name = futures[fut]
+            try:
+                servers[name] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - recorded; the others are measured
+                errors[name] = f"{type(exc).__name__}: {exc}"[-3000:]
+    return cms, servers, errors
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": values}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="checkpoint directory")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--log-dir", type=Path, default=Path("/tmp/e2e-logs"))
+    ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS))
+    ap.add_argument("--extra-config", action="append", default=[],
+                    help="NAME=ENV=VAL,ENV=VAL (repeatable)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--mem-fraction", type=float, default=0.08)
+    ap.add_argument("--start-timeout", type=float, default=420)
+    ap.add_argument("--greedy-tokens", type=int, default=8)
+    ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
+                    "for a CPU smoke run")
+    args = ap.parse_args(argv)
+
+    configs = dict(CONFIGS)
+    if args.configs:
+        configs = {k: v for k, v in configs.items() if k in args.configs.split(",")}
+    for extra in args.extra_config:
+        name, env = parse_config(extra)
+        configs[name] = env
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    if args.server_args is not None:
+        SERVER_ARGS[:] = shlex.split(args.server_args)
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+
+    t0 = time.time()
+    cms, servers, errors = start_all(configs, args.model, args.mem_fraction, args.log_dir,
+                                     args.start_timeout)
+    print(f"# started {len(servers)}/{len(configs)} servers in {time.time() - t0:.0f}s; "
+          f"failed: {list(errors)}", flush=True)
+    doc = {"benchmark": "e2e_bench", "model": args.model, "server_args": SERVER_ARGS,
+           "mem_fraction_static": args.mem_fraction, "configs": configs, "start_errors": errors,
+           "repeats": args.repeats, "new_tokens": args.new_tokens, "results": {}}
+    try:
+        with contextlib.ExitStack() as stack:
+            for name in servers:
+                stack.push(cms[name])
+            doc["start_seconds"] = {n: round(s.start_seconds, 1) for n, s in servers.items()}
+            names = list(servers)
+            for name in names:  # warm-up: first requests compile/allocate
+                try:
+                    measure(servers[name], vocab, 0, 8)
+                except Exception as exc:  # noqa: BLE001
+                    errors[name] = f"warm-up: {type(exc).__name__}: {exc}"[-3000:]
+            names = [n for n in names if n not in errors]
+            runs = {n: [] for n in names}
+            for rep in range(args.repeats if names else 0):
+                order = names[rep % len(names):] + names[:rep % len(names)]
+                for name in order:
+                    try:
+                        runs[name].append(measure(servers[name], vocab, 1000 * rep, args.new_tokens))
+                    except Exception as exc:  # noqa: BLE001
+                        errors[name] = f"rep {rep}: {type(exc).__name__}: {exc}"[-3000:]
+                print(f"# repeat {rep + 1}/{args.repeats} done ({time.time() - t0:.0f}s)", flush=True)
+            for name, rs in runs.items():
+                if rs:
+                    doc["results"][name] = {k: summarize([r[k] for r in rs]) for k in rs[0]}
+
+            # Greedy ids against HF transformers on the same weights.
+            ids = prompts(4, 32, vocab, 7)
+            greedy = {}
+            for name in names:
+                try:
+                    _, outs = generate(servers[name], ids, args.greedy_tokens)
+                    greedy[name] = [o["output_ids"] for o in outs]
+                except Exception as exc:  # noqa: BLE001
+                    greedy[name] = f"{type(exc).__name__}: {exc}"
+            doc["greedy"] = {"prompts": ids, "servers": greedy}
+    finally:
+        doc["start_errors"] = errors
+        doc.setdefault("greedy", {})
+        doc["dispatch_log"] = {}
+        for i, name in enumerate(configs):
+            p = args.log_dir / f"dispatch-{i}.log"
+            lines = sorted(set(p.read_text().splitlines())) if p.exists() else []
+            doc["dispatch_log"][name] = lines
+    try:
+        if not doc["greedy"].get("prompts"):
+            raise RuntimeError("no server answered")
+        hf = hf_greedy(args.model, doc["greedy"]["prompts"], args.greedy_tokens)
+        doc["greedy"]["hf_transformers"] = hf
+        doc["greedy"]["match"] = {n: greedy_match(g, hf) if isinstance(g, list) else None
+                                  for n, g in doc["greedy"]["servers"].items()}
+    except Exception as exc:  # noqa: BLE001
+        doc["greedy"]["hf_error"] = f"{type(exc).__name__}: {exc}"
+    doc["seconds"] = round(time.time() - t0, 1)
+    doc["versions"] = _versions()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1))
+    print(table(doc))
+    return doc
+
+
+def _versions():
+    import importlib.metadata as md
+
+    info = {"python": sys.version.split()[0]}
+    for pkg in ("torch", "triton", "flag_gems", "sglang", "sglang-kernel", "apache-tvm-ffi",
+                "transformers", "sglang_fl"):
+        try:
+            info[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            info[pkg] = None
+    try:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def table(doc):
+    keys = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
+    ref = doc["results"].get("native-L1off") or doc["results"].get("vendor-L1off")
+    head = ["configuration", "decode bs1 tok/s", "decode bs32 tok/s", "prefill tok/s",
+            "vs SGLang kernels (bs1 / bs32)", "greedy = HF"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    match = doc.get("greedy", {}).get("match", {})
+    for name, r in doc["results"].items():
+        cells = [name]
+        for k in keys:
+            m = r[k]
+            cells.append(f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})")
+        if ref:
+            cells.append(" / ".join(f"{r[k]['median'] / ref[k]['median']:.3f}" for k in keys[:2]))
+        else:
+            cells.append("-")
+        mm = match.get(name)
+        cells.append("-" if mm is None else f"{mm:.0%}")
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, err in doc.get("start_errors", {}).items():
+        lines.append(f"| {name} | failed: {err.splitlines()[-1][:120] if err else ''} |||||")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

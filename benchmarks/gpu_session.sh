@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One GPU session, run from the repository root on an offline NVIDIA host: install the bundle
+# made by ci/gpu-bundle, then the named stages, writing logs and JSON under $OUT.
+#
+#   OUT=/tmp/out benchmarks/gpu_session.sh install jit tests ops e2e
+#
+# Stages:
+#   install  pip-install wheels/gpu (but the sglang_fl wheel) + this checkout, into the python
+#            that holds torch; restores $JIT_CACHE_TGZ (a tarball of TVM_FFI_CACHE_DIR) if given
+#   jit      pre-build SGLang's JIT CUDA kernels in parallel (benchmarks/jit_prebuild.py)
+#   tests    pytest tests/gpu
+#   ops      benchmarks/op_bench.py -> $OUT/ops.json
+#   model    make the random-weight Qwen2.5-0.5B-shaped checkpoint in $MODEL_DIR
+#   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
+#   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
+set -uo pipefail
+
+OUT=${OUT:-/tmp/gpu-out}
+BUNDLE=${BUNDLE:-wheels/gpu}
+MODEL_DIR=${MODEL_DIR:-/tmp/qwen2.5-0.5b-random}
+export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm-ffi-cache}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+PY=${PY:-python3}
+
+log() { echo "== [$(date -u +%H:%M:%S)] $*"; }
+
+stage_install() {
+  log "install: $(ls "$BUNDLE"/*.whl | grep -vc '/sglang_fl-') wheels from $BUNDLE + this checkout"
+  # shellcheck disable=SC2046
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    $(ls "$BUNDLE"/*.whl | grep -v '/sglang_fl-') || return 1
+  $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || return 1
+  if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
+    mkdir -p "$TVM_FFI_CACHE_DIR" && tar -xzf "$JIT_CACHE_TGZ" -C "$TVM_FFI_CACHE_DIR"
+    log "restored JIT cache: $(ls "$TVM_FFI_CACHE_DIR" | wc -l) modules"
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  $PY - <<'EOF'
+import importlib.metadata as md, torch
+print({p: md.version(p) for p in ("torch", "triton", "sglang", "flag_gems", "sglang-kernel",
+                                  "apache-tvm-ffi", "transformers", "sglang_fl")})
+print("cuda", torch.version.cuda, torch.cuda.get_device_name())
+import sglang_fl.compat as c; c.activate()
+import sgl_kernel, sgl_kernel.elementwise as e
+print("sgl_kernel", sgl_kernel.__file__, "flashinfer routing:", e._has_flashinfer,
+      "stand-ins:", c.state.standins)
+EOF
+}
+
+stage_jit() {
+  log "jit prebuild"
+  timeout 400 $PY benchmarks/jit_prebuild.py --jobs 12
+}
+
+stage_tests() {
+  log "tests/gpu"
+  timeout "${TESTS_TIMEOUT:-420}" $PY -m pytest tests/gpu -m gpu -q -p no:cacheprovider \
+    -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
+}
+
+stage_ops() {
+  log "op benchmark"
+  timeout "${OPS_TIMEOUT:-300}" $PY benchmarks/op_bench.py --out "$OUT/ops.json" --replays 5 ${OPS_ARGS:-} \
+    2>&1 | tee "$OUT/ops.log" | tail -n 60
+}
+
+stage_model() {
+  log "model -> $MODEL_DIR"
+  $PY -c "from sglang_fl.models import make_tiny_model; print(make_tiny_model('$MODEL_DIR', preset='qwen2.5-0.5b'))"
+}
+
+stage_e2e() {
+  log "e2e benchmark"
+  # shellcheck disable=SC2086
+  timeout "${E2E_TIMEOUT:-480}" $PY benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
+    --log-dir /tmp/e2e-logs ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -n 60
+  tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs 2>/dev/null
+}
+
+stage_savejit() {
+  tar -czf "$OUT/jit-cache.tgz" -C "$TVM_FFI_CACHE_DIR" . && ls -la "$OUT/jit-cache.tgz"
+}
+
+for stage in "$@"; do
+  "stage_$stage" || log "stage $stage FAILED (rc=$?)"
+done
+log "done"

@@ -1,0 +1,252 @@
+"""Per-op GPU benchmark of the Layer-2 backends: FlagGems (``flagos``) vs the pure-PyTorch
+``reference`` vs SGLang's own CUDA kernels (``vendor.cuda``: sgl_kernel and sglang.jit_kernel),
+each called exactly as sglang-fl calls it (``backend.op(layer, ...)`` on a real SGLang layer).
+
+Two timings per case, both with CUDA events:
+- ``graph``: ``--per-graph`` calls captured in one CUDA graph, replayed; the time a served model
+  pays per call under CUDA-graph decode (launch overhead gone).
+- ``eager``: the same calls launched one by one from Python; what prefill and
+  ``--disable-cuda-graph`` runs pay, launch overhead and Python wrappers included.
+
+Backends are interleaved (each repeat runs every backend once, in rotating order) and the
+median over ``--repeats`` is reported with min and max. Writes JSON (``--out``) and prints a
+markdown table.
+
+    python benchmarks/op_bench.py --out benchmarks/results/h200/ops.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+from gpu_support import make_rms_norm, make_rope, make_silu_and_mul, rope_caches  # noqa: E402
+
+DTYPE = torch.bfloat16
+
+
+def _cases(quick: bool):
+    tokens = (1, 32, 256, 2048, 8192) if not quick else (1, 256)
+    for hidden in (896, 4096):
+        for t in tokens:
+            yield ("rms_norm", dict(tokens=t, hidden=hidden))
+            yield ("fused_add_rms_norm", dict(tokens=t, hidden=hidden))
+    for inter in (4864, 14336):
+        for t in tokens:
+            yield ("silu_and_mul", dict(tokens=t, intermediate=inter))
+    for hd, qh, kh in ((64, 14, 2), (128, 32, 8)):
+        for t in tokens:
+            yield ("rotary_embedding", dict(tokens=t, head_size=hd, q_heads=qh, kv_heads=kh))
+
+
+def _randn(*shape):
+    return torch.randn(*shape, device="cuda", dtype=DTYPE)
+
+
+def build_call(op, p, backend):
+    """A zero-argument closure running one call of ``op`` on ``backend``."""
+    if op in ("rms_norm", "fused_add_rms_norm"):
+        layer = make_rms_norm(p["hidden"], DTYPE)
+        x, r = _randn(p["tokens"], p["hidden"]), _randn(p["tokens"], p["hidden"])
+        if op == "rms_norm":
+            return lambda: backend.rms_norm(layer, x)
+        return lambda: backend.rms_norm(layer, x, r)
+    if op == "silu_and_mul":
+        layer = make_silu_and_mul()
+        x = _randn(p["tokens"], 2 * p["intermediate"])
+        return lambda: backend.silu_and_mul(layer, x)
+    if op == "rotary_embedding":
+        hd = p["head_size"]
+        layer = make_rope(hd, hd, True, DTYPE)
+        cos, sin = rope_caches(layer)
+        q, k = _randn(p["tokens"], p["q_heads"] * hd), _randn(p["tokens"], p["kv_heads"] * hd)
+        pos = torch.randint(0, 4096, (p["tokens"],), device="cuda")
+        return lambda: backend.rotary_embedding(layer, q, k, cos, sin, pos, False, True)
+    raise ValueError(op)
+
+
+def time_eager(fn, iters):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters  # us per call
+
+
+def make_graph(fn, per_graph):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    return graph
+
+
+def time_graph(graph, per_graph, replays):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * per_graph)
+
+
+def load_backends(names):
+    from gpu_support import sglang_ready
+
+    sglang_ready()
+    out, skipped = {}, {}
+    for name in names:
+        if name == "flagos":
+            from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend as cls
+        elif name == "reference":
+            from sglang_fl.dispatch.backends.reference import ReferenceBackend as cls
+        elif name == "vendor.cuda":
+            from sglang_fl.dispatch.backends.vendor.cuda.backend import CudaBackend as cls
+        else:
+            raise SystemExit(f"unknown backend {name!r}; accepted: flagos, reference, vendor.cuda")
+        backend = cls()
+        if backend.available():
+            out[name] = backend
+        else:
+            skipped[name] = backend.unavailable_reason
+    return out, skipped
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": values}
+
+
+def versions():
+    import importlib.metadata as md
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()}
+    for pkg in ("triton", "flag_gems", "sglang", "sglang-kernel", "apache-tvm-ffi", "sglang_fl"):
+        try:
+            info[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            info[pkg] = None
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="JSON output file")
+    ap.add_argument("--backends", default="flagos,reference,vendor.cuda")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--per-graph", type=int, default=50, help="calls captured per CUDA graph")
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--eager-iters", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="two token counts only")
+    args = ap.parse_args(argv)
+
+    backends, skipped = load_backends(args.backends.split(","))
+    for name, why in skipped.items():
+        print(f"# {name} skipped: {why}", file=sys.stderr)
+    results = []
+    t0 = time.time()
+    for op, params in _cases(args.quick):
+        row = {"op": op, **params, "dtype": str(DTYPE).replace("torch.", "")}
+        calls, graphs = {}, {}
+        for name, backend in backends.items():
+            if op == "rotary_embedding" and "rotary_embedding" not in backend.implemented_ops():
+                continue
+            try:
+                calls[name] = build_call(op, params, backend)
+                graphs[name] = make_graph(calls[name], args.per_graph)
+            except Exception as exc:  # noqa: BLE001 - recorded, the table shows it
+                row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                calls.pop(name, None)
+        eager = {n: [] for n in calls}
+        graph = {n: [] for n in calls}
+        names = list(calls)
+        for rep in range(args.repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)] if names else []
+            for name in order:
+                eager[name].append(time_eager(calls[name], args.eager_iters))
+                graph[name].append(time_graph(graphs[name], args.per_graph, args.replays))
+        for name in names:
+            row[name] = {"eager_us": summarize(eager[name]), "graph_us": summarize(graph[name])}
+        del graphs
+        results.append(row)
+        print(_row_text(row, backends), flush=True)
+    doc = {"benchmark": "op_bench", "versions": versions(), "skipped_backends": skipped,
+           "settings": vars(args) | {"out": str(args.out)}, "seconds": round(time.time() - t0, 1),
+           "results": results}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1))
+    print(table(doc))
+    return doc
+
+
+def _shape(row):
+    return ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("op", "dtype") and
+                     not isinstance(v, dict))
+
+
+def _row_text(row, backends):
+    parts = []
+    for name in backends:
+        cell = row.get(name)
+        if cell and "graph_us" in cell:
+            parts.append(f"{name} {cell['graph_us']['median']:.2f}/{cell['eager_us']['median']:.1f}us")
+        elif cell:
+            parts.append(f"{name} ERROR")
+    return f"{row['op']:<20} {_shape(row):<45} graph/eager: " + "  ".join(parts)
+
+
+def table(doc):
+    """Markdown: median us per call under CUDA graph and eager, and flagos' speed-up."""
+    names = [n for n in ("flagos", "vendor.cuda", "reference")
+             if any(n in r for r in doc["results"])]
+    head = ["op", "shape"] + [f"{n} graph" for n in names] + [f"{n} eager" for n in names]
+    if "flagos" in names and "vendor.cuda" in names:
+        head.append("vendor/flagos (graph)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["results"]:
+        cells = [r["op"], _shape(r)]
+        for mode in ("graph_us", "eager_us"):
+            for n in names:
+                c = r.get(n)
+                if c is None:
+                    cells.append("-")
+                elif "error" in c:
+                    cells.append("error")
+                else:
+                    m = c[mode]
+                    cells.append(f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})"
+                                 if mode == "graph_us" else f"{m['median']:.1f}")
+        if "vendor/flagos (graph)" in head:
+            f, v = r.get("flagos", {}), r.get("vendor.cuda", {})
+            if "graph_us" in f and "graph_us" in v:
+                cells.append(f"{v['graph_us']['median'] / f['graph_us']['median']:.2f}x")
+            else:
+                cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

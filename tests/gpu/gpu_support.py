@@ -1,0 +1,99 @@
+"""Helpers of the GPU suite: real SGLang layer objects on the CUDA device and dtype-aware
+comparison.
+
+Every module here skips itself at import when no CUDA device is present (CI has none); on a GPU
+host the suite runs with ``pytest tests/gpu -m gpu``. The air-gapped install that brings SGLang
+0.5.11, FlagGems and the trimmed sgl_kernel to such a host is docs/air-gapped-install.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HAS_CUDA = torch.cuda.is_available()
+SKIP_REASON = ("needs a CUDA device (none here; CI has none) -- run on a GPU host, "
+               "see docs/air-gapped-install.md")
+
+#: Tolerances for one backend against the reference, per output dtype. Both sides round to the
+#: output dtype once or twice and may reduce in a different order, so a correct kernel is within
+#: about two ulps of the output's magnitude: bf16 has 8 significant bits, fp16 has 11.
+TOLERANCES = {
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+}
+DTYPES = (torch.bfloat16, torch.float16)
+TOKENS = (1, 7, 128, 1024, 8192)
+HIDDEN = (896, 4096, 8192)  # Qwen2.5-0.5B, Llama-3-8B, Llama-3-70B
+
+
+def assert_close(actual, expected, what=""):
+    tol = TOLERANCES[expected.dtype]
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tol)
+
+
+@functools.cache
+def sglang_ready() -> bool:
+    """Make SGLang importable on this host (sglang-fl empty mode for what is missing, e.g.
+    flashinfer) and give it the global server args its layer constructors read."""
+    from sglang_fl.compat import activate
+
+    activate()
+    from sglang.srt import server_args as sa
+
+    try:
+        sa.get_global_server_args()
+    except ValueError:
+        # A real ServerArgs holding its declared defaults; __post_init__ is skipped because it
+        # resolves a model path, which a layer test does not have.
+        args = object.__new__(sa.ServerArgs)
+        for f in dataclasses.fields(sa.ServerArgs):
+            if f.default is not dataclasses.MISSING:
+                setattr(args, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(args, f.name, f.default_factory())
+        sa.set_global_server_args_for_scheduler(args)
+    return True
+
+
+def make_rms_norm(hidden, dtype, eps=1e-6, gemma=False, seed=0):
+    """A real SGLang (Gemma)RMSNorm on the GPU with non-trivial weights."""
+    sglang_ready()
+    from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
+
+    g = torch.Generator().manual_seed(seed)
+    if gemma:
+        layer = GemmaRMSNorm(hidden, eps=eps)
+        layer.weight.weight_loader(layer.weight, torch.randn(hidden, generator=g) * 0.1)
+    else:
+        layer = RMSNorm(hidden, eps=eps)
+        layer.weight.data.copy_(1.0 + 0.1 * torch.randn(hidden, generator=g))
+    return layer.to(device="cuda", dtype=dtype)
+
+
+def make_silu_and_mul():
+    sglang_ready()
+    from sglang.srt.layers.activation import SiluAndMul
+
+    return SiluAndMul()
+
+
+def make_rope(head_size, rotary_dim, is_neox_style, dtype, max_pos=32768, base=1_000_000):
+    """A real SGLang RotaryEmbedding (its cos/sin cache stays fp32 on CUDA, as in serving)."""
+    sglang_ready()
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+
+    return RotaryEmbedding(head_size, rotary_dim, max_pos, base, is_neox_style, dtype).to("cuda")
+
+
+def rope_caches(layer):
+    """The standard op's cos/sin arguments: halves of the layer's ``[max_pos, rot_dim]`` cache."""
+    cos, sin = layer.cos_sin_cache.chunk(2, dim=-1)
+    return cos.contiguous(), sin.contiguous()

@@ -1,0 +1,143 @@
+"""Layer-2 ops on the GPU: each non-reference backend (FlagGems ``flagos``, SGLang's own kernels
+``vendor.cuda``) against the pure-PyTorch reference, on real SGLang layer objects and the
+shapes served models use (tokens 1..8192, hidden 896/4096/8192, head dims 64/128, bf16/fp16).
+
+Backends are instantiated directly, so a test can only pass on the backend it names; the
+manager-level test at the end checks that strict selection really resolves to flagos.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device (none here; CI has none) -- see docs/air-gapped-install.md",
+                allow_module_level=True)
+
+from gpu_support import (  # noqa: E402
+    DTYPES,
+    HIDDEN,
+    TOKENS,
+    assert_close,
+    make_rms_norm,
+    make_rope,
+    make_silu_and_mul,
+    rope_caches,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def _randn(*shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
+    layer = make_rms_norm(hidden, dtype)
+    x = _randn(tokens, hidden, dtype=dtype, seed=1)
+    if not residual:
+        assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+        return
+    r = _randn(tokens, hidden, dtype=dtype, seed=2)
+    out, res = backend.rms_norm(layer, x.clone(), r.clone())
+    ref_out, ref_res = reference.rms_norm(layer, x.clone(), r.clone())
+    assert_close(res, ref_res, "residual")
+    assert_close(out, ref_out, "out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tokens", (1, 128, 8192))
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
+    hidden = 2304  # Gemma-2-2B
+    layer = make_rms_norm(hidden, dtype, gemma=True)
+    x = _randn(tokens, hidden, dtype=dtype, seed=3)
+    if not residual:
+        got = backend.gemma_rms_norm(layer, x.clone())
+        assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out")
+        return
+    r = _randn(tokens, hidden, dtype=dtype, seed=4)
+    out, res = backend.gemma_rms_norm(layer, x.clone(), r.clone())
+    ref_out, ref_res = reference.gemma_rms_norm(layer, x.clone(), r.clone())
+    assert_close(res, ref_res, "residual")
+    assert_close(out, ref_out, "out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("intermediate", (4864, 14336))  # Qwen2.5-0.5B, Llama-3-8B
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
+    layer = make_silu_and_mul()
+    x = _randn(tokens, 2 * intermediate, dtype=dtype, seed=5)
+    got = backend.silu_and_mul(layer, x)
+    assert_close(got, reference.silu_and_mul(layer, x), "out")
+
+
+# (head_size, rotary_dim, q heads, kv heads): Qwen2.5-0.5B, Llama-3-8B, partial rotary (GLM-style).
+ROPE_SHAPES = [(64, 64, 14, 2), (128, 128, 32, 8), (128, 64, 32, 8)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: f"hd{s[0]}-rot{s[1]}-q{s[2]}-kv{s[3]}")
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
+def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
+    head_size, rot_dim, qh, kh = shape
+    if backend.name == "cuda" and "rotary_embedding" not in backend.implemented_ops():
+        pytest.skip("vendor.cuda RoPE needs the real apache-tvm-ffi")
+    layer = make_rope(head_size, rot_dim, neox, dtype)
+    cos, sin = rope_caches(layer)
+    q = _randn(tokens, qh * head_size, dtype=dtype, seed=6)
+    k = _randn(tokens, kh * head_size, dtype=dtype, seed=7)
+    pos = torch.randint(0, layer.max_position_embeddings, (tokens,), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(8))
+    interleaved = not neox
+    ref_q, ref_k = reference.rotary_embedding(layer, q.clone(), k.clone(), cos, sin, pos,
+                                              interleaved, True)
+    for inplace in (True, False):
+        qq, kk = q.clone(), k.clone()
+        got_q, got_k = backend.rotary_embedding(layer, qq, kk, cos, sin, pos, interleaved, inplace)
+        assert_close(got_q, ref_q, f"query (inplace={inplace})")
+        assert_close(got_k, ref_k, f"key (inplace={inplace})")
+        if inplace:
+            assert got_q.data_ptr() == qq.data_ptr(), "in-place RoPE must return the input buffer"
+        else:
+            assert_close(qq, q, "query untouched by the out-of-place call")
+    # The pass-through channels of a partial rotary are never modified.
+    if rot_dim < head_size:
+        view = ref_q.view(tokens, qh, head_size)[..., rot_dim:]
+        assert torch.equal(view, q.view(tokens, qh, head_size)[..., rot_dim:])
+
+
+def test_rms_norm_3d_input(backend, reference):
+    """SGLang calls RMSNorm on [batch, seq, hidden] views too (q/k norms)."""
+    layer = make_rms_norm(128, torch.bfloat16)
+    x = _randn(4, 16, 128, dtype=torch.bfloat16, seed=9)
+    assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+
+
+def test_strict_selection_resolves_to_flagos(monkeypatch):
+    """Through the manager: pinned + strict resolves every op to FlagGems, with no fallback."""
+    from sglang_fl.config import reset_settings
+    from sglang_fl.dispatch import reset_manager, resolve_op
+
+    monkeypatch.setenv("SGLANG_FL_PER_OP", "rms_norm=flagos;silu_and_mul=flagos;"
+                       "rotary_embedding=flagos;gemma_rms_norm=flagos")
+    monkeypatch.setenv("SGLANG_FL_STRICT", "1")
+    reset_settings()
+    reset_manager()
+    try:
+        for op in ("rms_norm", "silu_and_mul", "rotary_embedding", "gemma_rms_norm"):
+            resolved = resolve_op(op)
+            assert [c.impl_id for c in resolved.candidates] == ["flagos"], op
+            assert resolved.strict
+    finally:
+        monkeypatch.undo()
+        reset_settings()
+        reset_manager()
