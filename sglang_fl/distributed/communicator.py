@@ -42,10 +42,11 @@ class TorchEngine:
         dist.all_reduce(tensor, group=self.group)
 
     def all_gather_into(self, output, input_) -> None:
-        _all_gather_single(output, input_, group=self.group)
+        # flat views: gloo insists on output shape (world * input rows, ...) exactly
+        _all_gather_single(output.view(-1), input_.view(-1), group=self.group)
 
     def reduce_scatter_into(self, output, input_) -> None:
-        _reduce_scatter_single(output, input_, group=self.group)
+        _reduce_scatter_single(output.view(-1), input_.view(-1), group=self.group)
 
     def broadcast(self, tensor, src: int) -> None:
         dist.broadcast(tensor, src=self.ranks[src], group=self.group)
