@@ -64,7 +64,8 @@ def tests(session: nox.Session) -> None:
     """pytest over tests/ on the CPU stack (what .ci/run runs)."""
     install_cpu_stack(session)
     session.install(*STATIC_TOOLS)  # tests/packaging runs the real linters too
-    session.run("python", "-m", "pytest", "tests", *session.posargs)
+    session.run("python", "-m", "pytest", "tests", *session.posargs,
+                env={"SGLANG_FL_TEST_REQUIRE_TOOLS": "1"})
 
 
 @nox.session(python=PYTHON)

@@ -18,7 +18,7 @@ if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev
     fi
 fi
 # With a compose implementation present, its rendering tests must run, not skip.
-export SGLANG_FL_REQUIRE_COMPOSE=1
+export SGLANG_FL_TEST_REQUIRE_COMPOSE=1
 
 python3 -m pip install -q nox
 python3 -m nox -s lint tests smoke-cpu "$@"
