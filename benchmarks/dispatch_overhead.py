@@ -1,0 +1,116 @@
+"""What sglang-fl adds per call of a routed SGLang layer, on CPU with small tensors.
+
+Three ways to run the same op on the same input, interleaved, each timed over many calls:
+
+- ``plugin``: the SGLang layer's ``forward`` with sglang-fl's Layer 2 bound (plugin on);
+- ``direct``: the resolved impl called directly, ``impl.fn(layer, x)`` (no SGLang, no bridge);
+- ``native``: the layer's ``forward`` bound to what SGLang itself picks without the plugin
+  (``forward_native`` on this CPU).
+
+``added_ns = plugin - direct`` is the price of SGLang's ``forward`` indirection plus our bridge.
+Usage: ``python benchmarks/dispatch_overhead.py [--json] [--repeats 9] [--calls 3000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("SGLANG_FL_PLATFORM", "cpu")
+os.environ.setdefault("SGLANG_FL_PREFER", "reference")
+
+
+def build_layers():
+    import torch
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from sglang_fl.dispatch import resolve_op
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    sglang_dispatch = MultiPlatformOp.dispatch_forward.__wrapped__  # SGLang's own, unhooked
+    cases = {}
+    for name, op, make, shape in (
+        ("RMSNorm", "rms_norm", lambda: RMSNorm(64), (2, 64)),
+        ("SiluAndMul", "silu_and_mul", SiluAndMul, (2, 128)),
+    ):
+        x = torch.randn(*shape)
+        plugin_layer = make()
+        plugin_layer.forward(x)  # first call binds the bridge
+        native_layer = make()
+        native_layer._forward_method = sglang_dispatch(native_layer)
+        fn = resolve_op(op).impl.fn
+        cases[name] = {
+            "plugin": (time_forward, plugin_layer.forward, x),
+            "direct": (time_impl, (fn, plugin_layer), x),
+            "native": (time_forward, native_layer.forward, x),
+        }
+    return cases
+
+
+def time_forward(forward, x, calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        forward(x)
+    return (time.perf_counter_ns() - start) / calls
+
+
+def time_impl(fn_and_layer, x, calls: int) -> float:
+    fn, layer = fn_and_layer
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn(layer, x)
+    return (time.perf_counter_ns() - start) / calls
+
+
+def measure(repeats: int, calls: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    cases = build_layers()
+    results = {}
+    for name, variants in cases.items():
+        samples = {k: [] for k in variants}
+        for timer, target, x in variants.values():
+            timer(target, x, calls // 10)  # warm up
+        for _ in range(repeats):  # interleave the variants within every repeat
+            for key, (timer, target, x) in variants.items():
+                samples[key].append(timer(target, x, calls))
+        res = {f"{k}_ns": statistics.median(v) for k, v in samples.items()}
+        res.update({f"{k}_spread_ns": max(v) - min(v) for k, v in samples.items()})
+        res["added_ns"] = res["plugin_ns"] - res["direct_ns"]
+        results[name] = {k: round(v, 1) for k, v in res.items()}
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=3000)
+    args = ap.parse_args()
+    per_layer = measure(args.repeats, args.calls)
+    headline = dict(per_layer["RMSNorm"])
+    out = {k: headline[k] for k in ("plugin_ns", "direct_ns", "native_ns", "added_ns")}
+    out.update(layer="RMSNorm", repeats=args.repeats, calls=args.calls, per_layer=per_layer,
+               target_added_ns=200)
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{'layer':<11} {'plugin ns':>10} {'direct ns':>10} {'native ns':>10} {'added ns':>9}  spread(plugin)")
+    for name, r in per_layer.items():
+        print(f"{name:<11} {r['plugin_ns']:>10.0f} {r['direct_ns']:>10.0f} {r['native_ns']:>10.0f} "
+              f"{r['added_ns']:>9.0f}  {r['plugin_spread_ns']:.0f}")
+    print(f"target: added_ns <= 200 -> {'met' if out['added_ns'] <= 200 else 'MISSED'} ({out['added_ns']:.0f} ns)")
+
+
+if __name__ == "__main__":
+    main()

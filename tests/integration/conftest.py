@@ -1,0 +1,49 @@
+"""In-process integration tests against real SGLang layers.
+
+The plugin is loaded once per pytest process through SGLang's own ``load_plugins()`` with the
+reference backend pinned (strict), so a numerics test can never pass through a silent fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PINNED_ENV = {
+    "SGLANG_FL_PLATFORM": "cpu",
+    "SGLANG_FL_PREFER": "reference",
+    "SGLANG_FL_STRICT": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def sglang_with_plugin():
+    """SGLang with sglang-fl's hooks applied in this process (reference backend, strict)."""
+    for k, v in PINNED_ENV.items():
+        os.environ[k] = v
+    from sglang_fl.config import reset_settings
+    from sglang_fl.dispatch import reset_manager
+
+    reset_settings()
+    reset_manager()
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    load_plugins()
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    from sglang_fl.config import get_settings
+
+    settings = get_settings()
+    assert settings.strict and settings.prefer == "reference"
+    return settings
+
+
+def run_python(code: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (real entry-point loading, no state from pytest)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

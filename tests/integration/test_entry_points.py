@@ -1,0 +1,114 @@
+"""The plugin loaded the way SGLang loads it, in fresh interpreters: entry points, hooks,
+dispatch log lines, the ``SGLANG_PLUGINS=__none__`` escape hatch, bad configuration."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+
+from tests.integration.conftest import run_python
+
+pytestmark = pytest.mark.integration
+
+BUILD_LAYERS = r"""
+import json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+import torch
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm, GemmaRMSNorm
+from sglang.srt.layers.rotary_embedding import get_rope
+layers = [SiluAndMul(), RMSNorm(32), RMSNorm(32), GemmaRMSNorm(32), get_rope(16, 16, 64, 10000, True, dtype=torch.float32)]
+out = {type(l).__name__: getattr(l._forward_method, "__module__", "?") for l in layers}
+x = torch.randn(2, 32)
+out["rms_ok"] = bool(torch.allclose(layers[1].forward(x), layers[1].forward_native(x)))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def result_of(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+def test_entry_points_are_declared_as_in_the_contract():
+    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    platforms = {ep.name: ep.value for ep in entry_points(group="sglang.srt.platforms")}
+    assert plugins.get("sglang_fl") == "sglang_fl:load_plugin"
+    assert platforms.get("sglang_fl") == "sglang_fl:activate_platform"
+
+
+def test_plugin_routes_layers_and_writes_the_dispatch_log(tmp_path):
+    log = tmp_path / "dispatch.log"
+    res = result_of(run_python(BUILD_LAYERS, {"SGLANG_FL_DISPATCH_LOG": str(log)}))
+    for cls in ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding"):
+        assert res[cls] == "sglang_fl.sglang_glue.layer_hook", res
+    assert res["rms_ok"]
+    assert log.read_text().splitlines() == [
+        "[OOT-DISPATCH] SiluAndMul → reference(reference)",
+        "[OOT-DISPATCH] RMSNorm → reference(reference)",
+        "[OOT-DISPATCH] GemmaRMSNorm → reference(reference)",
+        "[OOT-DISPATCH] RotaryEmbedding → reference(reference)",
+    ]
+
+
+def test_blacklist_and_oot_disabled_leave_sglang_forward(tmp_path):
+    log = tmp_path / "d.log"
+    res = result_of(run_python(BUILD_LAYERS, {"SGLANG_FL_DISPATCH_LOG": str(log),
+                                              "SGLANG_FL_OOT_BLACKLIST": "RotaryEmbedding,SiluAndMul"}))
+    assert res["RotaryEmbedding"].startswith("sglang.srt")
+    assert res["SiluAndMul"].startswith("sglang.srt")
+    assert res["RMSNorm"] == "sglang_fl.sglang_glue.layer_hook"
+    assert "RotaryEmbedding" not in log.read_text()
+    res = result_of(run_python(BUILD_LAYERS, {"SGLANG_FL_OOT_ENABLED": "0"}))
+    assert all(res[c].startswith("sglang.srt") for c in ("SiluAndMul", "RMSNorm", "RotaryEmbedding"))
+
+
+def test_sglang_plugins_none_leaves_sglang_untouched(tmp_path):
+    # On this "empty" install SGLang itself only imports with the import stand-ins, which the
+    # .pth hook leaves off under __none__; activate them by hand to look at SGLang's own path.
+    log = tmp_path / "d.log"
+    code = "import sglang_fl.compat as c; c.activate()\n" + BUILD_LAYERS
+    res = result_of(run_python(code, {"SGLANG_PLUGINS": "__none__",
+                                      "SGLANG_FL_DISPATCH_LOG": str(log)}))
+    assert all(res[c].startswith("sglang.srt") for c in ("SiluAndMul", "RMSNorm", "RotaryEmbedding"))
+    assert not log.exists()
+
+
+def test_bad_configuration_stops_start_up_with_the_message():
+    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_PREFER": "gpu"})
+    assert proc.returncode != 0
+    assert "SGLANG_FL_PREFER='gpu'" in proc.stderr and "flagos, vendor, reference" in proc.stderr
+
+
+def test_strict_with_unavailable_backend_fails_naming_the_op():
+    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_STRICT": "1", "SGLANG_FL_PREFER": "flagos"})
+    assert proc.returncode != 0
+    assert "No available implementation for op 'silu_and_mul'" in proc.stderr
+
+
+def test_denying_every_backend_reports_no_available_implementation():
+    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_PER_OP": "rms_norm=vendor",
+                                     "SGLANG_FL_DENY_VENDORS": "cuda"})
+    assert proc.returncode != 0
+    assert "No available implementation for op 'rms_norm'" in proc.stderr
+
+
+PLATFORM = r"""
+from sglang.srt.platforms import current_platform
+print("RESULT" + __import__("json").dumps({"repr": repr(current_platform), "oot": current_platform.is_out_of_tree(),
+      "cpu": current_platform.is_cpu(), "dist": current_platform.get_torch_distributed_backend_str(),
+      "graphs": current_platform.support_cuda_graph(), "mem": current_platform.get_device_total_memory() > 0}))
+"""
+
+
+def test_platform_entry_point_returns_platform_fl_keeping_sglang_identity():
+    res = result_of(run_python(PLATFORM))
+    assert res["repr"].startswith("PlatformFL(platform=cpu")
+    assert res["cpu"] and not res["oot"] and not res["graphs"] and res["mem"]
+    assert res["dist"] == "gloo"
