@@ -1,0 +1,154 @@
+"""compose.yaml + the vendor override files: valid against the official compose-spec schema,
+and rendered by a real compose implementation into the commands each layout must run:
+(a) two nodes on one host (profile ``pair``), (b) one node per host (profile ``node``) with
+NODE_RANK / MASTER_ADDR from the environment. The rendered commands go through the image's
+entrypoint and SGLang 0.5.11's own argument parser."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from pkg_helpers import ROOT, VENDORS, compose_command, run, tool
+
+COMPOSE_FILES = ["compose.yaml", *(f"compose.{v}.yaml" for v in VENDORS)]
+LAYOUT_VARS = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TP", "NNODES", "PORT", "MODEL_NAME",
+               "MODEL_DIR", "SOCKET_IFNAME", "SGLANG_FL_IMAGE", "PAIR_PORT1", "PAIR_DEVICE0",
+               "PAIR_DEVICE1", "SGLANG_FL_DIST_BACKEND", "COMPOSE_PROFILES", "COMPOSE_FILE")
+
+
+def render(vendor: str, env: dict[str, str] | None = None) -> dict:
+    """`compose config` for one vendor; no .env file, only the variables given here."""
+    return _render(vendor, tuple(sorted((env or {}).items())))
+
+
+@functools.cache
+def _render(vendor: str, env_items: tuple) -> dict:
+    env = dict(env_items)
+    empty_env_file = Path(tempfile.gettempdir()) / "sglang-fl-empty.env"
+    empty_env_file.write_text("")
+    clean = {k: v for k, v in os.environ.items() if k not in LAYOUT_VARS}
+    result = run([*compose_command(), "--project-directory", str(ROOT),
+                  "-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / f"compose.{vendor}.yaml"),
+                  "--env-file", str(empty_env_file), "config"],
+                 env={**clean, **(env or {})}, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def expected_command(rank, addr, tp, port, model="/models/model"):
+    return ["launch_server", "--model-path", model, "--tp", str(tp), "--nnodes", "2",
+            "--node-rank", str(rank), "--dist-init-addr", addr, "--host", "0.0.0.0",
+            "--port", str(port)]
+
+
+def test_compose_files_match_the_compose_spec_schema():
+    result = run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
+                  *(str(ROOT / f) for f in COMPOSE_FILES)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_pair_layout_two_nodes_on_one_host(vendor):
+    services = render(vendor)
+    assert set(services) == {"node", "node0", "node1"}
+    pair = {name: s for name, s in services.items() if s.get("profiles") == ["pair"]}
+    assert set(pair) == {"node0", "node1"}
+    assert pair["node0"]["command"] == expected_command(0, "127.0.0.1:50000", 2, 30000)
+    assert pair["node1"]["command"] == expected_command(1, "127.0.0.1:50000", 2, 30100)
+    for s in pair.values():
+        assert s["image"] == f"flagos/sglang-fl:{vendor}"
+        assert s["network_mode"] == "host" and s["ipc"] == "host"
+        assert s["environment"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert s["environment"]["FLAGCX_SOCKET_IFNAME"] == "lo"
+        assert s["environment"]["SGLANG_FL_PORT"] == s["command"][-1]  # healthcheck's port
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_node_layout_takes_rank_and_master_from_the_environment(vendor):
+    env = {"NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "TP": "16", "MODEL_NAME": "Qwen2.5-72B",
+           "SOCKET_IFNAME": "ib0", "MODEL_DIR": "/data/models"}
+    node = render(vendor, env)["node"]
+    assert node["profiles"] == ["node"]
+    assert node["command"] == expected_command(1, "10.1.2.3:50000", 16, 30000,
+                                               "/models/Qwen2.5-72B")
+    assert node["network_mode"] == "host" and node["ipc"] == "host"
+    for var in ("NCCL", "GLOO", "FLAGCX", "HCCL", "MCCL"):
+        assert node["environment"][f"{var}_SOCKET_IFNAME"] == "ib0"
+    assert node["environment"]["SGLANG_FL_DIST_BACKEND"] == "flagcx"
+    assert any(str(v).startswith("/data/models:/models") or
+               (isinstance(v, dict) and v.get("source") == "/data/models")
+               for v in node["volumes"])
+    assert node["healthcheck"]["test"] == ["CMD", "sglang-fl-entrypoint", "healthcheck"]
+    assert node["restart"] == "on-failure:3"
+    assert node["ulimits"]["memlock"] == -1
+
+
+def test_node_layout_defaults_to_rank_zero_on_loopback():
+    node = render("cuda")["node"]
+    assert node["command"] == expected_command(0, "127.0.0.1:50000", 2, 30000)
+
+
+def test_device_reservations_per_vendor():
+    cuda = render("cuda")
+    (req,) = cuda["node"]["deploy"]["resources"]["reservations"]["devices"]
+    assert req["driver"] == "nvidia" and req["capabilities"] == ["gpu"]
+    assert req["count"] in ("all", -1)  # compose v1 keeps "all", v2 normalises it to -1
+    for name, dev in (("node0", "0"), ("node1", "1")):
+        (req,) = cuda[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert req["driver"] == "nvidia" and req["device_ids"] == [dev]
+
+    ascend = render("ascend")
+    common = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
+    assert set(ascend["node"]["devices"]) == common | {f"/dev/davinci{i}" for i in range(8)}
+    assert set(ascend["node0"]["devices"]) == common | {"/dev/davinci0"}
+    assert set(ascend["node1"]["devices"]) == common | {"/dev/davinci1"}
+    mounts = " ".join(map(str, ascend["node"]["volumes"]))
+    for path in ("/usr/local/Ascend/driver/lib64", "/usr/local/dcmi", "/usr/local/bin/npu-smi"):
+        assert path in mounts
+
+    musa = render("musa")
+    assert musa["node"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "all"
+    assert musa["node0"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "0"
+    assert musa["node1"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "1"
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """Stands in for the image's python: records the argv the entrypoint execs."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$ARGV_OUT\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+@pytest.mark.parametrize("layout", ["pair", "node"])
+def test_rendered_commands_run_launch_server_with_sglangs_own_parser(layout, fake_python, tmp_path):
+    from sglang.srt.server_args import ServerArgs
+
+    services = render("cuda", {"NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "TP": "16"})
+    names = ["node0", "node1"] if layout == "pair" else ["node"]
+    for name in names:
+        command = services[name]["command"]
+        out = tmp_path / f"{name}.argv"
+        result = run([str(ROOT / "docker" / "entrypoint.sh"), *command],
+                     env={**os.environ, "SGLANG_FL_PYTHON": str(fake_python), "ARGV_OUT": str(out),
+                          "SGLANG_FL_PORT_FILE": str(tmp_path / f"{name}.port")})
+        assert result.returncode == 0, result.stderr
+        argv = out.read_text().splitlines()
+        assert argv[:2] == ["-m", "sglang.launch_server"]
+        assert argv[2:] == command[1:], "nothing added: host and port are explicit"
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args(argv[2:])
+        rank = {"node0": 0, "node1": 1, "node": 1}[name]
+        assert (ns.nnodes, ns.node_rank) == (2, rank)
+        assert ns.tensor_parallel_size == (2 if layout == "pair" else 16)
+        assert ns.dist_init_addr == ("127.0.0.1:50000" if layout == "pair" else "10.1.2.3:50000")
+        assert (tmp_path / f"{name}.port").read_text().strip() == str(ns.port)
