@@ -1,0 +1,52 @@
+"""The offline Engine path and the ``sglang-fl demo`` command, each in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import EXPECTED_DISPATCH, MAX_NEW_TOKENS, dispatch_lines, hermetic_env, standin_calls_in
+
+HERE = Path(__file__).resolve().parent
+
+
+def _env(tmp_path):
+    env = dict(os.environ)
+    for key, value in hermetic_env(tmp_path).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def test_offline_engine_with_the_plugin(tiny_model, prompt_ids, hf_ids, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_probe.py"), str(tiny_model), str(MAX_NEW_TOKENS),
+         json.dumps(prompt_ids)],
+        env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    assert json.loads(result[len("RESULT "):]) == hf_ids
+    assert dispatch_lines(tmp_path) == sorted(EXPECTED_DISPATCH.values())
+    assert standin_calls_in(output) == []
+
+
+def test_demo_command_end_to_end(tiny_model, tmp_path):
+    script = Path(sys.executable).with_name("sglang-fl")  # the installed console script
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl.cli"]
+    proc = subprocess.run(
+        [*command, "demo", "--model-dir", str(tiny_model),
+         "--max-tokens", "8", "--log", str(tmp_path / "demo-server.log")],
+        env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    out = proc.stdout
+    assert "assistant: " in out
+    for cls in EXPECTED_DISPATCH:
+        assert f"{cls:<16} -> reference(reference)" in out
+    assert "tok/s" in out and "server stopped" in out
+    assert standin_calls_in((tmp_path / "demo-server.log").read_text()) == []
