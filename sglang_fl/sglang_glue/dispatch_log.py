@@ -12,7 +12,7 @@ import threading
 from sglang_fl.logging_setup import get_logger
 
 logger = get_logger("dispatch")
-_seen: set[tuple[str, str]] = set()
+_seen: set[tuple[str, str, str | None]] = set()
 _lock = threading.Lock()
 
 
@@ -21,7 +21,7 @@ def format_line(class_name: str, label: str) -> str:
 
 
 def log_dispatch(class_name: str, label: str, path: str | None) -> None:
-    key = (class_name, label)
+    key = (class_name, label, path)
     with _lock:
         if key in _seen:
             return

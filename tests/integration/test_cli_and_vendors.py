@@ -1,0 +1,115 @@
+"""``sglang-fl config`` / ``ops`` outputs, and a vendor backend shipped as its own package and
+found through the ``sglang_fl.vendors`` entry-point group."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def cli(*args, env=None, extra_path=None):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    full.update(env or {})
+    if extra_path:
+        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), full.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "sglang_fl.cli", *args], env=full,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_config_json_shows_values_and_origins(tmp_path):
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("prefer: vendor\noot_blacklist: [RotaryEmbedding]\n")
+    proc = cli("config", "--json", env={"SGLANG_FL_CONFIG": str(cfg), "SGLANG_FL_STRICT": "1",
+                                        "SGLANG_FL_PLATFORM": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["prefer"] == {"value": "vendor", "origin": f"yaml {cfg}"}
+    assert data["strict"] == {"value": True, "origin": "env SGLANG_FL_STRICT"}
+    assert data["use_flaggems"] == {"value": False, "origin": "platform cpu.yaml"}
+    assert data["oot_blacklist"]["value"] == ["RotaryEmbedding"]
+    assert data["log_level"] == {"value": "INFO", "origin": "default"}
+
+
+def test_config_text_and_bad_value():
+    proc = cli("config", env={"SGLANG_FL_PLATFORM": "cpu"})
+    assert proc.returncode == 0 and "prefer" in proc.stdout and "(platform cpu.yaml)" in proc.stdout
+    proc = cli("config", env={"SGLANG_FL_PER_OP": "rms_norm=fast"})
+    assert proc.returncode == 2
+    assert "SGLANG_FL_PER_OP[rms_norm]" in proc.stderr and "flagos, vendor, reference" in proc.stderr
+
+
+def test_ops_json_on_this_cpu_explains_every_choice():
+    proc = cli("ops", "--json", env={"SGLANG_FL_PLATFORM": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    backends = {b["name"]: b for b in data["backends"]}
+    assert backends["reference"]["available"]
+    assert not backends["flagos"]["available"] and "flag_gems" in backends["flagos"]["detail"]
+    assert backends["vendor.template"]["detail"].startswith("template backend")
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
+        assert data["ops"][op]["chosen"] == "reference(reference)"
+
+
+def test_ops_reports_no_available_implementation_and_fails():
+    proc = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "flagos",
+                           "SGLANG_FL_STRICT": "1"})
+    assert proc.returncode == 1
+    assert "No available implementation for op 'rms_norm'" in proc.stdout
+    assert "skipped reference: strict" in proc.stdout
+
+
+@pytest.fixture
+def acme_vendor_package(tmp_path):
+    """A vendor backend shipped as its own installed distribution (package + dist-info with an
+    entry point in the ``sglang_fl.vendors`` group), the layout pip produces."""
+    pkg = tmp_path / "acme_fl_vendor"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "register_ops.py").write_text(textwrap.dedent('''
+        import torch.nn.functional as F
+        from sglang_fl.dispatch.backends import Backend, register_backend
+
+        class AcmeBackend(Backend):
+            name = "acme"
+
+            def is_available(self):
+                return True
+
+            def silu_and_mul(self, obj, x):
+                d = x.shape[-1] // 2
+                return F.silu(x[..., :d]) * x[..., d:]
+
+        BACKEND = AcmeBackend()
+
+        def register_builtins(registry):
+            register_backend(registry, BACKEND)
+    '''))
+    dist = tmp_path / "acme_fl_vendor-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-fl-vendor\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[sglang_fl.vendors]\nacme = acme_fl_vendor.register_ops\n")
+    return tmp_path
+
+
+def test_vendor_package_found_through_entry_point_group(acme_vendor_package):
+    env = {"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"}
+    proc = cli("ops", "--json", env=env, extra_path=acme_vendor_package)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    acme = {b["name"]: b for b in data["backends"]}["vendor.acme"]
+    assert acme["available"] and acme["ops"] == ["silu_and_mul"]
+    assert acme["detail"] == "entry point acme_fl_vendor.register_ops"
+    assert data["ops"]["silu_and_mul"]["chosen"] == "vendor(vendor.acme)"
+    assert data["ops"]["rms_norm"]["chosen"] == "reference(reference)"  # acme lacks it
+    env["SGLANG_FL_DENY_VENDORS"] = "acme"
+    data = json.loads(cli("ops", "--json", env=env, extra_path=acme_vendor_package).stdout)
+    assert data["ops"]["silu_and_mul"]["chosen"] == "reference(reference)"
+    assert {"impl": "vendor.acme", "why": "vendor 'acme' in SGLANG_FL_DENY_VENDORS"} in \
+        data["ops"]["silu_and_mul"]["skipped"]

@@ -1,0 +1,145 @@
+"""How a real SGLang layer is bound: resolution once, run-time fallback through the bridge
+(non-strict) or propagation (strict), the one-time dispatch log; Layer 1 and server defaults."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from sglang_fl.config import build_settings
+from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.dispatch.policy import SelectionPolicy
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import OpImpl
+
+pytestmark = pytest.mark.integration
+
+
+class Flaky:
+    """An impl that raises at run time, like a kernel rejecting a shape."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, obj, x, residual=None):
+        self.calls += 1
+        raise RuntimeError("unsupported shape")
+
+
+def router_with(env, flaky, sglang_with_plugin):
+    from sglang_fl.dispatch.backends.reference import ReferenceBackend
+    from sglang_fl.sglang_glue.layer_hook import LayerRouter
+
+    settings = build_settings(env=env, detect_platform=lambda: "cpu")
+    registry = OpRegistry()
+    registry.register_many(ReferenceBackend().op_impls())
+    registry.register(OpImpl("rms_norm", "flagos", "flagos", flaky))
+    manager = OpManager(registry, SelectionPolicy.from_settings(settings))
+    return LayerRouter(settings, manager), manager
+
+
+def make_layer():
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+
+    layer = RMSNorm(64)
+    layer.weight.data.normal_(1.0, 0.1)
+    return layer, MultiPlatformOp.dispatch_forward.__wrapped__(layer)  # SGLang's own choice
+
+
+def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, caplog, tmp_path):
+    log = tmp_path / "d.log"
+    flaky = Flaky()
+    router, manager = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_DISPATCH_LOG": str(log)},
+                                  flaky, sglang_with_plugin)
+    layer, native = make_layer()
+    layer._forward_method = router.bind(layer, native)
+    x, res = torch.randn(3, 64), torch.randn(3, 64)
+    with caplog.at_level(logging.WARNING, logger="sglang_fl"):
+        out1 = layer.forward(x)
+        out2 = layer.forward(x, res.clone())
+        out3 = layer.forward(x)
+    torch.testing.assert_close(out1, layer.forward_native(x))
+    torch.testing.assert_close(out2[0], layer.forward_native(x, res.clone())[0])
+    torch.testing.assert_close(out3, out1)
+    assert flaky.calls == 1  # dropped after its first failure
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'rms_norm'" in warnings[0] and "'flagos'" in warnings[0]
+    assert "unsupported shape" in warnings[0]
+    assert log.read_text().splitlines() == [
+        "[OOT-DISPATCH] RMSNorm → flagos(flagos)",
+        "[OOT-DISPATCH] RMSNorm → reference(reference)",
+    ]
+
+
+def test_strict_runtime_failure_propagates(sglang_with_plugin):
+    flaky = Flaky()
+    router, _ = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_STRICT": "1"}, flaky,
+                            sglang_with_plugin)
+    layer, native = make_layer()
+    layer._forward_method = router.bind(layer, native)
+    with pytest.raises(RuntimeError, match="unsupported shape"):
+        layer.forward(torch.randn(2, 64))
+    with pytest.raises(RuntimeError, match="unsupported shape"):
+        layer.forward(torch.randn(2, 64))
+    assert flaky.calls == 2
+
+
+def test_resolution_happens_once_for_many_layers(sglang_with_plugin, monkeypatch):
+    router, manager = router_with({"SGLANG_FL_PREFER": "reference"}, Flaky(), sglang_with_plugin)
+    calls = []
+    original = manager._resolve_uncached
+    monkeypatch.setattr(manager, "_resolve_uncached", lambda op: calls.append(op) or original(op))
+    for _ in range(24):
+        layer, native = make_layer()
+        layer._forward_method = router.bind(layer, native)
+        layer.forward(torch.randn(1, 64))
+    assert calls == ["rms_norm"]
+
+
+def test_layer1_reports_itself_disabled_on_this_cpu():
+    from sglang_fl.aten import _enable
+
+    status = _enable(build_settings(env={"USE_FLAGGEMS": "1"}, detect_platform=lambda: "none"))
+    assert not status.enabled and "flag_gems cannot run here" in status.reason
+    status = _enable(build_settings(env={"USE_FLAGGEMS": "0"}, detect_platform=lambda: "none"))
+    assert not status.enabled and "USE_FLAGGEMS=0" in status.reason
+
+
+def test_aten_record_filter_keeps_layer1_calls_only():
+    from sglang_fl.aten import Layer1RecordFilter
+
+    f = Layer1RecordFilter()
+    rec = logging.LogRecord("flag_gems.ops.mm", logging.DEBUG, "x.py", 1, "GEMS MM", None, None)
+    assert f.filter(rec)
+    other = logging.LogRecord("flag_gems.fused.rotary", logging.DEBUG, "x.py", 1, "m", None, None)
+    assert not f.filter(other)
+    # the same ops record emitted while a Layer-2 flagos impl runs is dropped
+    ns = {"f": f, "rec": rec, "__name__": "sglang_fl.dispatch.backends.flaggems"}
+    code = compile("result = f.filter(rec)", "/x/sglang_fl/dispatch/backends/flaggems.py", "exec")
+    exec(code, ns)
+    assert ns["result"] is False
+
+
+def test_server_defaults_only_touch_what_the_user_left_unset(sglang_with_plugin):
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fl.sglang_glue.server_defaults import (
+        CPU_MAX_TOTAL_TOKENS,
+        apply_defaults,
+        remember_user_choices,
+    )
+
+    args = ServerArgs(model_path="dummy", max_total_tokens=2048)
+    remember_user_choices(args)
+    args.attention_backend = "intel_amx"  # what SGLang fills in on device=cpu
+    changed = apply_defaults("cpu", args)
+    assert args.attention_backend == "torch_native" and args.disable_cuda_graph is True
+    assert args.max_total_tokens == 2048 and "max_total_tokens" not in changed
+    args = ServerArgs(model_path="dummy", attention_backend="intel_amx")
+    remember_user_choices(args)
+    apply_defaults("cpu", args)
+    assert args.attention_backend == "intel_amx"  # the user's explicit choice stays
+    assert args.max_total_tokens == CPU_MAX_TOTAL_TOKENS
