@@ -8,6 +8,8 @@ few call shapes the standard op cannot express (logged once).
 
 from __future__ import annotations
 
+import functools
+
 from sglang_fl.dispatch.manager import ResolvedOp
 from sglang_fl.dispatch.types import OpImpl
 from sglang_fl.logging_setup import get_logger
@@ -52,6 +54,10 @@ class ImplSlot:
 
 
 def bind_silu_and_mul(layer, slot: ImplSlot, native):
+    if slot.resolved.strict or len(slot.resolved.candidates) == 1:
+        # Nothing to fall back to: the signature matches, so bind without a Python frame.
+        return functools.partial(slot.fn, layer)
+
     def forward(x):
         try:
             return slot.fn(layer, x)
