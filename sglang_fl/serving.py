@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,11 +39,23 @@ class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message ends with its log tail."""
 
 
+# SGLang derives more ports from --port (the gRPC one is port + 10000 and must stay <= 65535),
+# so the OS's ephemeral range (up to 60999) is not safe: pick below it ourselves.
+PORT_RANGE = (20000, 50000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port in `PORT_RANGE` that is free right now."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(*PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ServerStartError(f"no free TCP port found in {PORT_RANGE} on {host}")
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -177,27 +190,33 @@ def _wait_healthy(server: Server, timeout: float, progress) -> float:
 
 
 def stop(server: Server, timeout: float = 30.0) -> int | None:
-    """SIGTERM the server's process group, SIGKILL what is left after ``timeout`` seconds."""
+    """Stop the server and everything it started.
+
+    SIGTERM to launch_server first (SGLang then stops its own children in order), then SIGTERM
+    and finally SIGKILL to whatever is left of its process group.
+    """
     proc = server.process
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         pgid = None
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        if pgid is not None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    if pgid is not None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _group_alive(pgid):
+                break
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
-        elif proc.poll() is None:
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        if pgid is None or not _group_alive(pgid):
-            break
-        _wait_group(pgid, wait)
-        if not _group_alive(pgid):
-            break
+            _wait_group(pgid, 10.0)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
     return proc.returncode
 
 

@@ -8,7 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import EXPECTED_DISPATCH, MAX_NEW_TOKENS, dispatch_lines, hermetic_env, standin_calls_in
+from conftest import (
+    EXPECTED_DISPATCH,
+    MAX_NEW_TOKENS,
+    dispatch_lines,
+    hermetic_env,
+    standin_calls_in,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,3 +56,43 @@ def test_demo_command_end_to_end(tiny_model, tmp_path):
         assert f"{cls:<16} -> reference(reference)" in out
     assert "tok/s" in out and "server stopped" in out
     assert standin_calls_in((tmp_path / "demo-server.log").read_text()) == []
+
+
+def test_demo_ctrl_c_while_starting_stops_the_whole_server(tiny_model, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    script = Path(sys.executable).with_name("sglang-fl")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl.cli"]
+    proc = subprocess.Popen([*command, "demo", "--model-dir", str(tiny_model)], env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        descendants: dict[int, psutil.Process] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(descendants) < 2:  # launch_server + a child
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                descendants.setdefault(child.pid, child)
+            time.sleep(0.5)
+        assert descendants, "the demo never started a server"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted; server stopped" in out
+    _, alive = psutil.wait_procs(list(descendants.values()), timeout=15)
+    assert alive == [], [p.pid for p in alive]
+
+
+def test_launcher_reports_a_server_that_cannot_start(tmp_path):
+    import pytest
+
+    from sglang_fl.serving import ServerStartError, launched_server
+
+    with pytest.raises(ServerStartError, match="exited with code") as err:
+        with launched_server(tmp_path / "no-such-model", env=hermetic_env(tmp_path), timeout=120):
+            pass
+    assert "no-such-model" in str(err.value)  # the log tail says what went wrong
