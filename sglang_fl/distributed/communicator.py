@@ -97,8 +97,9 @@ class CommunicatorFL:
     and ``sglang-fl`` diagnostics prove the hooks are taken)."""
 
     def __init__(self, *, rank_in_group: int, ranks: Sequence[int], device, engine,
-                 cpu_group=None, engine_name: str = "torch"):
-        self.rank_in_group, self.ranks, self.world_size = rank_in_group, list(ranks), len(ranks)
+                 cpu_group=None, engine_name: str = "torch", name: str = "group"):
+        self.name, self.rank_in_group, self.ranks = name, rank_in_group, list(ranks)
+        self.world_size = len(self.ranks)
         self.device, self.engine, self.engine_name = device, engine, engine_name
         self.host_engine = (TorchEngine(cpu_group, ranks, rank_in_group)
                             if cpu_group is not None and device.type != "cpu" else engine)
@@ -122,7 +123,14 @@ class CommunicatorFL:
         logger.info("CommunicatorFL(%s) for %s: ranks %s, device %s", engine_kind,
                     group.unique_name, group.ranks, group.device)
         return cls(rank_in_group=group.rank_in_group, ranks=group.ranks, device=group.device,
-                   engine=engine, cpu_group=group.cpu_group, engine_name=engine_kind)
+                   engine=engine, cpu_group=group.cpu_group, engine_name=engine_kind,
+                   name=group.unique_name)
+
+    def _count(self, method: str) -> None:
+        self.calls[method] += 1
+        if self.calls[method] == 1:  # one line per collective and group: what a server really used
+            logger.info("%s rank %d: first %s through CommunicatorFL(%s)", self.name,
+                        self.rank_in_group, method, self.engine_name)
 
     def _engine(self, tensor):
         return self.host_engine if tensor.device.type == "cpu" else self.engine
@@ -130,7 +138,7 @@ class CommunicatorFL:
     # --- SGLang GroupCoordinator surface ---------------------------------------------------
 
     def all_reduce(self, input_):
-        self.calls["all_reduce"] += 1
+        self._count("all_reduce")
         work = _contiguous(input_)
         self._engine(input_).all_reduce(work)
         if work is not input_:
@@ -138,7 +146,7 @@ class CommunicatorFL:
         return input_
 
     def all_gather_into_tensor(self, output, input):  # noqa: A002  (SGLang's parameter name)
-        self.calls["all_gather_into_tensor"] += 1
+        self._count("all_gather_into_tensor")
         self._gather_into(output, _contiguous(input))
 
     def _gather_into(self, output, input_) -> None:
@@ -148,7 +156,7 @@ class CommunicatorFL:
             output.copy_(work)
 
     def all_gather(self, input_, dim: int = -1, output_tensor_list=None):
-        self.calls["all_gather"] += 1
+        self._count("all_gather")
         ws, src = self.world_size, _contiguous(input_)
         if output_tensor_list is not None:
             flat = src.new_empty((ws,) + tuple(src.shape))
@@ -165,7 +173,7 @@ class CommunicatorFL:
         return out.reshape(size[:dim] + (ws * size[dim],) + size[dim + 1:])
 
     def reduce_scatter_tensor(self, output, input):  # noqa: A002
-        self.calls["reduce_scatter_tensor"] += 1
+        self._count("reduce_scatter_tensor")
         self._scatter_into(output, _contiguous(input))
         return output
 
@@ -176,13 +184,13 @@ class CommunicatorFL:
             output.copy_(work)
 
     def reduce_scatter(self, output, input_list):
-        self.calls["reduce_scatter"] += 1
+        self._count("reduce_scatter")
         self._scatter_into(output, torch.cat([t.reshape(-1) for t in input_list]))
         return output
 
     def all_gatherv(self, input_, sizes: Sequence[int] | None = None):
         """Like SGLang's: a tensor or a list of tensors in, always a list out."""
-        self.calls["all_gatherv"] += 1
+        self._count("all_gatherv")
         inputs = [input_] if isinstance(input_, torch.Tensor) else list(input_)
         if sizes is not None:
             assert len(sizes) == self.world_size, f"sizes {sizes} != world size {self.world_size}"
@@ -203,7 +211,7 @@ class CommunicatorFL:
         return outputs
 
     def reduce_scatterv(self, input_, output=None, sizes: Sequence[int] | None = None):
-        self.calls["reduce_scatterv"] += 1
+        self._count("reduce_scatterv")
         input_ = _contiguous(input_)
         if sizes is not None:
             assert len(sizes) == self.world_size and input_.shape[0] == sum(sizes), (
@@ -226,7 +234,7 @@ class CommunicatorFL:
         return output
 
     def broadcast(self, input_, src: int = 0):
-        self.calls["broadcast"] += 1
+        self._count("broadcast")
         assert src < self.world_size, f"Invalid src rank ({src})"
         work = _contiguous(input_)
         self._engine(input_).broadcast(work, src)
@@ -235,12 +243,12 @@ class CommunicatorFL:
         return input_
 
     def send(self, tensor, dst: int | None = None) -> None:
-        self.calls["send"] += 1
+        self._count("send")
         dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         self._engine(tensor).send(_contiguous(tensor), dst)
 
     def recv(self, size, dtype, src: int | None = None):
-        self.calls["recv"] += 1
+        self._count("recv")
         src = (self.rank_in_group - 1) % self.world_size if src is None else src
         tensor = torch.empty(size, dtype=dtype, device=self.device)
         self._engine(tensor).recv(tensor, src)
@@ -259,7 +267,7 @@ class CommunicatorFL:
         """``group``/``metadata_group`` are accepted and ignored, as SGLang does."""
         from sglang.srt.distributed.parallel_state import TensorMetadata, _split_tensor_dict
 
-        self.calls["broadcast_tensor_dict"] += 1
+        self._count("broadcast_tensor_dict")
         assert src < self.world_size, f"Invalid src rank ({src})"
         if self.rank_in_group == src:
             assert isinstance(tensor_dict, dict), f"Expecting a dictionary, got {type(tensor_dict)}"
@@ -283,7 +291,7 @@ class CommunicatorFL:
                          all_gather_group=None, async_send: bool = False):
         from sglang.srt.distributed.parallel_state import P2PWork, _split_tensor_dict
 
-        self.calls["send_tensor_dict"] += 1
+        self._count("send_tensor_dict")
         dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         assert dst < self.world_size, f"Invalid dst rank ({dst})"
         assert isinstance(tensor_dict, dict), f"Expecting a dictionary, got {type(tensor_dict)}"
@@ -306,7 +314,7 @@ class CommunicatorFL:
     def recv_tensor_dict(self, coordinator, src: int | None = None, all_gather_group=None):
         from sglang.srt.distributed.parallel_state import TensorMetadata
 
-        self.calls["recv_tensor_dict"] += 1
+        self._count("recv_tensor_dict")
         src = (self.rank_in_group - 1) % self.world_size if src is None else src
         assert src < self.world_size, f"Invalid src rank ({src})"
         ag_size = 1 if all_gather_group is None else all_gather_group.world_size
