@@ -12,13 +12,11 @@ platform is used.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 from sglang.srt.platforms.interface import SRTPlatform
 
 from sglang_fl.config import get_settings
-from sglang_fl.dispatch.backends import real_module_available
 from sglang_fl.logging_setup import get_logger
 
 logger = get_logger("platform")
@@ -30,14 +28,13 @@ class PlatformFacts:
     device_type: str  # torch device type
     torch_module: str  # attribute of torch holding the device API (torch.cuda, torch.npu ...)
     graphs: bool  # device graph capture/replay supported
-    native_dist: str  # torch.distributed backend of the vendor stack
 
 
 FACTS = {
-    "cuda": PlatformFacts("CUDA", "cuda", "cuda", True, "nccl"),
-    "ascend": PlatformFacts("NPU", "npu", "npu", True, "hccl"),
-    "musa": PlatformFacts("MUSA", "musa", "musa", True, "mccl"),
-    "cpu": PlatformFacts("CPU", "cpu", "cpu", False, "gloo"),
+    "cuda": PlatformFacts("CUDA", "cuda", "cuda", True),
+    "ascend": PlatformFacts("NPU", "npu", "npu", True),
+    "musa": PlatformFacts("MUSA", "musa", "musa", True),
+    "cpu": PlatformFacts("CPU", "cpu", "cpu", False),
 }
 
 
@@ -126,14 +123,9 @@ class PlatformFL(SRTPlatform):
         return self.facts.graphs
 
     def get_torch_distributed_backend_str(self) -> str:
-        try:
-            dist = importlib.import_module("sglang_fl.distributed")
-        except ImportError:
-            dist = None
-        if dist is not None and hasattr(dist, "dist_backend_string"):
-            return dist.dist_backend_string(self.settings)
-        backend = self.settings.dist_backend or self.facts.native_dist
-        return self.facts.native_dist if backend == "flagcx" else backend
+        from sglang_fl.distributed import dist_backend_string
+
+        return dist_backend_string(self.settings)
 
     # -- server defaults ------------------------------------------------------------------
     def apply_server_args_defaults(self, server_args) -> None:
@@ -144,6 +136,3 @@ class PlatformFL(SRTPlatform):
     def get_default_attention_backend(self) -> str:
         return "torch_native" if self.device_type == "cpu" else "triton"
 
-
-def flashinfer_is_real() -> bool:
-    return real_module_available("flashinfer")[0]

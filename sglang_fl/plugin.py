@@ -48,9 +48,6 @@ def install() -> None:
     else:
         logger.info("Layer 2 (fused ops) disabled: SGLANG_FL_OOT_ENABLED=0")
 
-    try:
-        from sglang_fl import distributed
-    except ImportError:
-        distributed = None
-    if distributed is not None and hasattr(distributed, "register_hooks"):
-        distributed.register_hooks(settings)
+    from sglang_fl.distributed import register_hooks
+
+    register_hooks(settings)

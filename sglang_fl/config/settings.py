@@ -337,7 +337,9 @@ def build_settings(
             origins[f.name] = "default"
 
     _check_combinations(values, origins)
-    if values["dist_backend"] is None and values["flagcx_path"]:
+    # FLAGCX_PATH beats a *default* backend (code default or platform YAML), not a user's choice.
+    if values["flagcx_path"] and (values["dist_backend"] is None
+                                  or origins["dist_backend"].startswith("platform ")):
         values["dist_backend"], origins["dist_backend"] = "flagcx", "implied by FLAGCX_PATH"
     return Settings(**values, origins=MappingProxyType(origins))
 

@@ -88,11 +88,12 @@ def test_per_op_parsing_and_order():
 
 
 def test_flagcx_path_implies_flagcx_backend():
-    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="cuda")
-    # cuda.yaml says nccl; FLAGCX_PATH alone does not beat an explicit platform value...
-    assert s.dist_backend == "nccl"
-    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="no-yaml")
+    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="cuda")  # beats cuda.yaml's nccl default
     assert s.dist_backend == "flagcx" and s.origins["dist_backend"] == "implied by FLAGCX_PATH"
+    s = build({"FLAGCX_PATH": "/opt/flagcx"}, platform="no-yaml")
+    assert s.dist_backend == "flagcx"
+    s = build({"FLAGCX_PATH": "/opt/flagcx", "SGLANG_FL_DIST_BACKEND": "nccl"}, platform="cuda")
+    assert s.dist_backend == "nccl"  # an explicit choice stays
 
 
 @pytest.mark.parametrize("env, needles", [
