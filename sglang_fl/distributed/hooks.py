@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sglang_fl.logging_setup import get_logger
+
+logger = get_logger("sglang_fl.distributed")
+
 TARGET = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 ATTR = "fl_communicator"
 
@@ -61,7 +65,10 @@ def make_hooks(engine_kind: str, flagcx_path: str | None) -> dict[str, Callable]
     def fl_destroy(original, group, *args, **kwargs):
         comm = group.__dict__.pop(ATTR, None)
         if comm is not None:
-            comm.close()
+            try:
+                comm.close()
+            except Exception:  # SGLang's own teardown must still run
+                logger.exception("closing CommunicatorFL of %s failed", group.unique_name)
         return original(group, *args, **kwargs)
 
     hooks = {"__init__": fl_init, "destroy": fl_destroy}
