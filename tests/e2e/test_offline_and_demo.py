@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import (
+import pytest
+from e2e_support import (
     EXPECTED_DISPATCH,
     MAX_NEW_TOKENS,
     dispatch_lines,
     hermetic_env,
     standin_calls_in,
 )
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import EXPECTED_DISPATCH, dispatch_lines, greedy_ids, serve, standin_calls_in
+from e2e_support import EXPECTED_DISPATCH, dispatch_lines, greedy_ids, serve, standin_calls_in
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.e2e
 
 CHAT_PROMPTS = [f"Question {i}: what does the {w} do?" for i, w in
                 enumerate(["kernel", "server", "layer", "cache"] * 4)]

@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from conftest import EXPECTED_DISPATCH, dispatch_lines, greedy_ids, serve, standin_calls_in
+from e2e_support import EXPECTED_DISPATCH, dispatch_lines, greedy_ids, serve, standin_calls_in
 
 from sglang_fl.serving import ServerStartError
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.e2e
 
 VARIANTS = {
     # Layer 2 off: SGLang's own forward for every fused op; no dispatch lines at all.

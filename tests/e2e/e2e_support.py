@@ -1,0 +1,60 @@
+"""Helpers of the end-to-end suite (imported by its tests and its conftest).
+
+The servers run ``--dtype float32``: for a float32 checkpoint SGLang's ``auto`` picks float16,
+while the reference ids come from HF transformers in float32; the same precision on both sides
+is what makes exact greedy-id equality a fair test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sglang_fl.serving import launched_server
+
+MAX_NEW_TOKENS = 12
+PROMPT_TEXTS = (
+    "The server answered the question about the kernel.",
+    "Hello world, please write a small model",
+    "Yes",
+)
+SERVER_ARGS = ("--dtype", "float32")
+EXPECTED_DISPATCH = {
+    "RMSNorm": "[OOT-DISPATCH] RMSNorm → reference(reference)",
+    "SiluAndMul": "[OOT-DISPATCH] SiluAndMul → reference(reference)",
+    "RotaryEmbedding": "[OOT-DISPATCH] RotaryEmbedding → reference(reference)",
+}
+
+
+def hermetic_env(tmp_path: Path, **overrides) -> dict:
+    """Drop every sglang-fl/SGLang plugin variable of the test process, then apply ``overrides``;
+    the dispatch log goes to a fresh file."""
+    env = {k: None for k in os.environ
+           if k.startswith("SGLANG_FL_") or k in ("USE_FLAGGEMS", "SGLANG_PLUGINS", "SGLANG_PLATFORM")}
+    env["SGLANG_FL_DISPATCH_LOG"] = str(tmp_path / "dispatch.log")
+    env.update(overrides)
+    return env
+
+
+def serve(model, tmp_path: Path, timeout: float = 240, **env_overrides):
+    return launched_server(model, SERVER_ARGS, hermetic_env(tmp_path, **env_overrides),
+                           log_path=tmp_path / "server.log", timeout=timeout)
+
+
+def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:
+    body = server.post_json("/generate", {
+        "input_ids": prompt_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    })
+    return [item["output_ids"] for item in body]
+
+
+def dispatch_lines(tmp_path: Path) -> list[str]:
+    path = tmp_path / "dispatch.log"
+    return sorted(path.read_text(encoding="utf-8").splitlines()) if path.exists() else []
+
+
+def standin_calls_in(log_text: str) -> list[str]:
+    from sglang_fl.compat import CALL_LOG_PREFIX
+
+    return [line for line in log_text.splitlines() if CALL_LOG_PREFIX in line]
