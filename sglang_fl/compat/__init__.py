@@ -99,9 +99,12 @@ MOE_FUSED_GATE_SCHEMA = (
 
 
 class _State:
-    active = False
-    standins: tuple[str, ...] = ()
-    env_set: dict[str, str] = {}
+    """What `activate` did in this process (for tests and ``sglang-fl`` diagnostics)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.standins: tuple[str, ...] = ()  # packages served by stand-ins
+        self.env_set: dict[str, str] = {}  # SGLang switches we set (the user had not)
 
 
 state = _State()
@@ -147,9 +150,14 @@ def _define_moe_fused_gate(module) -> None:
 
 
 def _platform() -> str:
-    from sglang_fl.config import get_settings
+    from sglang_fl.config import SettingsError, get_settings
 
-    return get_settings().platform
+    try:
+        return get_settings().platform
+    except SettingsError:  # reported with its message by load_plugin; imports must still work
+        from sglang_fl.devices import detect_platform
+
+        return detect_platform()
 
 
 def _set_default(name: str, value: str) -> None:
