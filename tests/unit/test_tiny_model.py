@@ -90,3 +90,26 @@ def test_qwen_preset_has_qwen2_5_0_5b_shapes():
     assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
             spec.intermediate_size, spec.vocab_size, spec.tie_word_embeddings, spec.dtype) == (
         24, 896, 14, 2, 4864, 151936, True, "bfloat16")
+
+
+def test_cli_make_tiny_model_writes_and_reports_bad_input(tmp_path, capsys):
+    from sglang_fl.cli import main
+
+    args = ["make-tiny-model", str(tmp_path / "cli"), "--hidden-size", "64", "--num-layers", "1",
+            "--num-heads", "2", "--num-kv-heads", "1", "--intermediate-size", "128",
+            "--vocab-size", "600"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == str((tmp_path / "cli").resolve())
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["hidden_size"] == 64
+    assert main(["make-tiny-model", str(tmp_path / "bad"), "--num-heads", "5"]) == 2
+    assert "divisible by num_heads=5" in capsys.readouterr().err
+
+
+def test_demo_dispatch_summary_parses_the_contract_line_format():
+    from sglang_fl.cli_serving import parse_dispatch_log
+
+    text = ("[OOT-DISPATCH] RMSNorm → flagos(flagos)\n"
+            "noise\n[sglang-fl INFO] [OOT-DISPATCH] RMSNorm → vendor(vendor.nvidia)\n"
+            "[OOT-DISPATCH] SiluAndMul → reference(reference)\n")
+    assert parse_dispatch_log(text) == {"RMSNorm": {"flagos(flagos)", "vendor(vendor.nvidia)"},
+                                        "SiluAndMul": {"reference(reference)"}}
