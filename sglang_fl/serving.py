@@ -164,7 +164,12 @@ def launched_server(
         server.start_seconds = _wait_healthy(server, timeout, progress)
         yield server
     finally:
-        stop(server, stop_timeout)
+        try:
+            stop(server, stop_timeout)
+        except KeyboardInterrupt:  # a second Ctrl-C while stopping: no waiting, no leftovers
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
 
 
 def _wait_healthy(server: Server, timeout: float, progress) -> float:
