@@ -2,8 +2,8 @@
 sglang-fl configurations, measured interleaved.
 
 Every configuration serves the same checkpoint with the same SGLang flags (triton attention,
-pytorch sampling, CUDA graph on, piecewise CUDA graph off, radix cache off so prefill is really
-computed); only environment variables differ. All servers are started side by side on the one
+pytorch sampling, CUDA graph on up to batch 32, piecewise CUDA graph off, radix cache off so
+prefill is really computed); only environment variables differ. All servers are started side by side on the one
 GPU (each gets a slice of its memory) and then measured in turns: each repeat visits every
 configuration once, in rotating order, so drift (clocks, other tenants) spreads over all of them.
 Per configuration and repeat:
@@ -35,22 +35,34 @@ from pathlib import Path
 
 # name -> environment (added to the server's). The plugin is installed in all of them; what
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
-# ops (Layer 1, the cuda.yaml default set when on).
+# ops (Layer 1). Every knob is an env variable, so a configuration does not depend on the YAML.
+_ALL_CLASSES = "SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding"
+_TUNED = ("rms_norm=vendor|flagos|reference;rotary_embedding=vendor|flagos|reference;"
+          "silu_and_mul=flagos|vendor|reference;gemma_rms_norm=vendor|flagos|reference")
 CONFIGS = {
-    "fl-defaults": {},  # what a user gets: cuda.yaml backend order and Layer-1 set
-    "flagos-L1off": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "0"},
-    "flagos-L1default": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "1"},
-    "reference-L1off": {"SGLANG_FL_PREFER": "reference", "USE_FLAGGEMS": "0"},
+    # SGLang's own forward_cuda (sgl_kernel / jit_kernel): Layer 2 routes no class.
+    "native-L1off": {"SGLANG_FL_OOT_BLACKLIST": _ALL_CLASSES, "USE_FLAGGEMS": "0"},
     "vendor-L1off": {"SGLANG_FL_PREFER": "vendor", "USE_FLAGGEMS": "0"},
-    # SGLang's own forward_cuda (sgl_kernel / jit_kernel) with sglang-fl's Layer 2 switched off.
-    "native-L1off": {"SGLANG_FL_OOT_ENABLED": "0", "USE_FLAGGEMS": "0"},
+    "flagos-L1off": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "0"},
+    "reference-L1off": {"SGLANG_FL_PREFER": "reference", "USE_FLAGGEMS": "0"},
+    # Per-op order from benchmarks/op_bench.py (decode sizes under CUDA graph).
+    "tuned-L1off": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "0"},
+    "tuned-L1embedding": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "1",
+                          "SGLANG_FL_FLAGOS_WHITELIST": "embedding"},
+    # Whatever the platform YAML (sglang_fl/config/cuda.yaml) says when the run is made.
+    "fl-defaults": {},
 }
 
 SERVER_ARGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch",
     "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
     "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
-    "--skip-server-warmup", "--log-level", "warning",
+    "--skip-server-warmup", "--sleep-on-idle",
+    # Several servers share the GPU: SGLang sizes its KV cache from the free memory it sees
+    # (rest = free_after_load - free_before_load * (1 - mem_fraction_static)); a fraction well
+    # above the real need keeps that positive while the others allocate, and the token cap
+    # keeps what each one actually takes small.
+    "--max-total-tokens", "131072",
 ]
 
 
@@ -84,7 +96,7 @@ def measure(server, vocab, seed, new_tokens):
     res = {}
     for batch in (1, 32):
         ids = prompts(batch, 128, vocab, seed + batch)
-        t_one, _ = generate(server, ids, 1)
+        t_one = statistics.median(generate(server, ids, 1)[0] for _ in range(3))
         t_all, _ = generate(server, ids, new_tokens)
         res[f"decode_bs{batch}_tok_s"] = batch * (new_tokens - 1) / max(t_all - t_one, 1e-9)
     ids = prompts(8, 2048, vocab, seed + 99)
@@ -153,7 +165,7 @@ def main(argv=None):
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--mem-fraction", type=float, default=0.08)
+    ap.add_argument("--mem-fraction", type=float, default=0.25)
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--greedy-tokens", type=int, default=8)
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "

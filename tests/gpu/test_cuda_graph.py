@@ -147,8 +147,9 @@ def test_rotary_embedding_graph(routed, reference, tokens, dtype, shape, neox):
         work_k.copy_(static_k)
         return layer(static_pos, work_q, work_k)
 
-    def expected(new):
-        return reference.rotary_embedding(layer, new[1].clone(), new[2].clone(), cos, sin, new[0],
+    def expected(new):  # fp32 oracle, as in test_ops.test_rotary_embedding
+        q, k = reference.rotary_embedding(layer, new[1].float(), new[2].float(), cos, sin, new[0],
                                           not neox, True)
+        return q.to(dtype), k.to(dtype)
 
     capture_and_replay(fn, [static_pos, static_q, static_k], make, expected, "RotaryEmbedding")
