@@ -3,8 +3,8 @@ sglang-fl configurations, measured interleaved.
 
 Every configuration serves the same checkpoint with the same SGLang flags (triton attention,
 pytorch sampling, CUDA graph on up to batch 32, piecewise CUDA graph off, radix cache off so
-prefill is really computed); only environment variables differ. All servers are started side by side on the one
-GPU (each gets a slice of its memory) and then measured in turns: each repeat visits every
+prefill is really computed); only environment variables differ. All servers are started side
+by side on the one GPU (each gets a slice of its memory) and then measured in turns: each repeat visits every
 configuration once, in rotating order, so drift (clocks, other tenants) spreads over all of them.
 Per configuration and repeat:
 
@@ -47,8 +47,6 @@ CONFIGS = {
     "reference-L1off": {"SGLANG_FL_PREFER": "reference", "USE_FLAGGEMS": "0"},
     # Per-op order from benchmarks/op_bench.py (decode sizes under CUDA graph).
     "tuned-L1off": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "0"},
-    "tuned-L1embedding": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "1",
-                          "SGLANG_FL_FLAGOS_WHITELIST": "embedding"},
     # Whatever the platform YAML (sglang_fl/config/cuda.yaml) says when the run is made.
     "fl-defaults": {},
 }

@@ -28,8 +28,8 @@ def test_sample_yaml_documents_every_key_and_loads():
 
 def test_cuda_yaml_keeps_broken_flaggems_ops_out_of_layer1():
     s = build(platform="cuda")
-    assert {"mul", "pow_scalar"} <= set(s.flagos_blacklist)
-    assert s.origins["flagos_blacklist"] == "platform cuda.yaml"
+    assert s.flagos_whitelist and not {"mul", "pow_scalar"} & set(s.flagos_whitelist)
+    assert s.origins["flagos_whitelist"] == "platform cuda.yaml"
 
 
 def test_defaults_without_any_source(tmp_path):
@@ -143,8 +143,10 @@ def test_unreadable_config_file(tmp_path):
         build({"SGLANG_FL_CONFIG": str(d)})
 
 
-def test_flagos_whitelist_beats_yaml_blacklist():
-    s = build({"SGLANG_FL_FLAGOS_WHITELIST": "mm,addmm"}, platform="cuda")
+def test_flagos_whitelist_beats_yaml_blacklist(tmp_path):
+    cfg = tmp_path / "blacklist.yaml"
+    cfg.write_text("flagos_blacklist: [mul, pow_scalar]\n")
+    s = build({"SGLANG_FL_FLAGOS_WHITELIST": "mm,addmm", "SGLANG_FL_CONFIG": str(cfg)})
     assert s.flagos_whitelist == ("mm", "addmm") and s.flagos_blacklist == ()
     assert "whitelist" in s.origins["flagos_blacklist"]
 
