@@ -127,13 +127,13 @@ class CommunicatorFL:
                    name=group.unique_name)
 
     def _count(self, method: str) -> None:
-        self.calls[method] += 1
-        if self.calls[method] == 1:  # one line per collective and group: what a server really used
+        n = self.calls[method] = self.calls[method] + 1
+        if n == 1:  # one line per collective and group: what a server really used
             logger.info("%s rank %d: first %s through CommunicatorFL(%s)", self.name,
                         self.rank_in_group, method, self.engine_name)
 
     def _engine(self, tensor):
-        return self.host_engine if tensor.device.type == "cpu" else self.engine
+        return self.host_engine if tensor.is_cpu else self.engine
 
     # --- SGLang GroupCoordinator surface ---------------------------------------------------
 
