@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -33,13 +34,13 @@ def layer_env(layer: str, workdir: Path) -> dict[str, str]:
     return env
 
 
-def run_one(layer: str, workdir: Path, tp: int) -> dict:
+def run_one(layer: str, workdir: Path, tp: int, server_args: tuple[str, ...] = ()) -> dict:
     """Run one check here and return its result (status passed|disabled|skipped|failed)."""
     from sglang_fl.smoke.checks import CHECKS
 
     start = time.monotonic()
     try:
-        kwargs = {"tp": tp} if layer == "all" else {}
+        kwargs = {"tp": tp, "server_args": server_args} if layer == "all" else {}
         result = CHECKS[layer](workdir, **kwargs)
     except SmokeSkip as exc:
         result = {"status": "skipped", "detail": str(exc)}
@@ -53,7 +54,8 @@ def run_one(layer: str, workdir: Path, tp: int) -> dict:
     return result
 
 
-def run_suite(layers: list[str], workdir: Path, tp: int, timeout: float) -> list[dict]:
+def run_suite(layers: list[str], workdir: Path, tp: int, timeout: float,
+              server_args: str = "") -> list[dict]:
     base = {k: v for k, v in os.environ.items() if k not in _CONTROLLED}
     results = []
     for layer in layers:
@@ -62,6 +64,8 @@ def run_suite(layers: list[str], workdir: Path, tp: int, timeout: float) -> list
         print(f"--- smoke layer {layer}: {shown}", flush=True)
         cmd = [sys.executable, "-m", "sglang_fl.smoke", "--layer", layer, "--workdir",
                str(workdir), "--tp", str(tp)]
+        if server_args:
+            cmd.append(f"--server-args={server_args}")
         start = time.monotonic()
         try:
             proc = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True,
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="suite: comma-separated checks to run (default: all four)")
     ap.add_argument("--workdir", help="logs and the tiny model go here (default: a temp dir)")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size of the served check")
+    ap.add_argument("--server-args", default="",
+                    help="extra launch_server arguments for the served check, one string")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per check (suite)")
     ap.add_argument("--no-skip", action="store_true", help="a skipped check fails the suite")
     ap.add_argument("--json", metavar="FILE", help="also write the suite's results to FILE")
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tp must be >= 1")
 
     if args.layer:
-        result = run_one(args.layer, workdir, args.tp)
+        result = run_one(args.layer, workdir, args.tp, tuple(shlex.split(args.server_args)))
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return exit_status([result], no_skip=args.no_skip)
 
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not layers:
         ap.error(f"--layers {args.layers!r}: unknown {bad}; accepted: {', '.join(LAYERS)}")
     print(f"sglang-fl smoke suite in {workdir}", flush=True)
-    results = run_suite(layers, workdir, args.tp, args.timeout)
+    results = run_suite(layers, workdir, args.tp, args.timeout, args.server_args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     code = exit_status(results, args.no_skip)
