@@ -19,9 +19,9 @@ effective backend      who runs collectives     why
 ``hccl`` (Ascend)      SGLang                    SGLang's own NpuCommunicator
 ====================  =======================  ===========================================
 
-The effective backend is ``Settings.dist_backend``; when that came only from a platform YAML and
-``FLAGCX_PATH`` is set, FlagCX wins (the contract: "defaults to flagcx when FLAGCX_PATH is set";
-a platform YAML is a default, not a user choice).
+The effective backend is ``Settings.dist_backend`` (where ``FLAGCX_PATH`` already beats a platform
+YAML's default, not a user's choice), or the platform's native one if nothing set it. ``flagcx``
+on a CPU-only group is refused when the group is built: FlagCX has no CPU device adaptor.
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ class DistBackendError(ValueError):
 
 def resolve_backend(settings: Any) -> str:
     """The backend Layer 3 uses: ``nccl`` | ``hccl`` | ``flagcx`` | ``gloo``."""
-    backend = settings.dist_backend
+    backend = settings.dist_backend  # Settings already applied FLAGCX_PATH's precedence
     origin = settings.origins.get("dist_backend", "")
-    if settings.flagcx_path and (backend is None or origin.startswith("platform ")):
-        return "flagcx"
     if backend is None:
         backend = {"cuda": "nccl", "ascend": "hccl"}.get(settings.platform, "gloo")
     if backend not in BACKENDS:

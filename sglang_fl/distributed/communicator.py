@@ -111,7 +111,12 @@ class CommunicatorFL:
         if group.world_size == 1:
             return None
         if engine_kind == "flagcx":
-            from sglang_fl.distributed.flagcx import FlagCXEngine, load_library
+            from sglang_fl.distributed.flagcx import FlagCXEngine, FlagCXError, load_library
+
+            if group.device.type == "cpu":
+                raise FlagCXError(
+                    f"SGLANG_FL_DIST_BACKEND=flagcx but {group.unique_name} runs on the CPU: "
+                    "FlagCX has no CPU device adaptor; use SGLANG_FL_DIST_BACKEND=gloo")
 
             engine = FlagCXEngine(load_library(flagcx_path), rank=group.rank_in_group,
                                   world_size=group.world_size, device=group.device,

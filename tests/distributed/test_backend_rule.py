@@ -38,6 +38,8 @@ def settings(platform: str, **env: str):
     ("ascend", {"SGLANG_FL_DIST_BACKEND": "flagcx"}, "flagcx", "flagcx", "hccl"),
     # FLAGCX_PATH beats a platform YAML's default ...
     ("cuda", {"FLAGCX_PATH": "/opt/flagcx"}, "flagcx", "flagcx", "nccl"),
+    ("musa", {"FLAGCX_PATH": "/opt/flagcx"}, "flagcx", "flagcx", "mccl"),
+    # (on a CPU host too; a multi-rank CPU group then refuses FlagCX, see test_flagcx_binding)
     ("cpu", {"FLAGCX_PATH": "/opt/flagcx"}, "flagcx", "flagcx", "gloo"),
     # ... but not the user's explicit choice
     ("cuda", {"FLAGCX_PATH": "/opt/flagcx", "SGLANG_FL_DIST_BACKEND": "nccl"}, "nccl", None, "nccl"),

@@ -261,3 +261,14 @@ def test_world_size_one_never_creates_a_communicator(flagcx_home):
     proc = subprocess.run([sys.executable, "-c", WS1_SCRIPT, str(free_port())], env=env,
                           capture_output=True, text=True, timeout=180)
     assert "WS1-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_flagcx_on_a_cpu_group_is_refused(flagcx_home):
+    """FlagCX has no CPU device adaptor; a multi-rank CPU group must not get a FlagCX engine.
+    (A plain namespace stands in for the GroupCoordinator: the check runs before any use of it.)"""
+    from types import SimpleNamespace
+
+    group = SimpleNamespace(world_size=2, rank_in_group=0, ranks=[0, 1], unique_name="tp:0",
+                            device=torch.device("cpu"), cpu_group=None, device_group=None)
+    with pytest.raises(fx.FlagCXError, match="no CPU device adaptor.*gloo"):
+        CommunicatorFL.for_group(group, "flagcx", str(flagcx_home))
