@@ -46,6 +46,7 @@ def test_vendor_plan_order_and_contents(vendor):
     assert "--no-deps" in empty
     assert {"sglang==0.5.11", "flag_gems==5.0.2"} <= set(empty)
     assert ("sglang-kernel==0.4.2" in empty) == (vendor == "cuda")
+    assert "xgrammar==0.1.32" in empty  # SGLang's default grammar backend, no stock triton
 
     clone, make, cleanup = commands(plan, "flagcx")
     assert clone[:2] == ["git", "clone"] and clone[clone.index("--branch") + 1] == FLAGCX_TAG
