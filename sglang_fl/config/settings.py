@@ -336,7 +336,7 @@ def build_settings(
             values[f.name] = f.default
             origins[f.name] = "default"
 
-    _check_combinations(values, origins)
+    _check_combinations(values, origins, layers[0][0] if platform_file.exists() else {})
     # FLAGCX_PATH beats a *default* backend (code default or platform YAML), not a user's choice.
     if values["flagcx_path"] and (values["dist_backend"] is None
                                   or origins["dist_backend"].startswith("platform ")):
@@ -344,22 +344,43 @@ def build_settings(
     return Settings(**values, origins=MappingProxyType(origins))
 
 
-def _check_combinations(values: dict[str, Any], origins: dict[str, str]) -> None:
-    if values["oot_whitelist"] and values["oot_blacklist"]:
+def _rank(origin: str) -> int:
+    """Precedence of an origin string: env > user YAML > platform YAML > default."""
+    for rank, prefix in ((3, "env"), (2, "yaml"), (1, "platform")):
+        if origin.startswith(prefix):
+            return rank
+    return 0
+
+
+def _resolve_lists(values, origins, white: str, black: str, names: str, yaml_white_wins: bool) -> None:
+    """A white- and a blacklist from different sources: the higher-precedence source wins and
+    the other list is dropped (its origin says so). Both from the same source is an error,
+    except that a YAML whitelist may beat the same YAML's blacklist where ``yaml_white_wins``."""
+    if not (values[white] and values[black]):
+        return
+    rw, rb = _rank(origins[white]), _rank(origins[black])
+    if rw == rb and (rw == 3 or not yaml_white_wins):
         raise SettingsError(
-            "SGLANG_FL_OOT_WHITELIST and SGLANG_FL_OOT_BLACKLIST are mutually exclusive "
-            f"(whitelist from {origins['oot_whitelist']}, blacklist from {origins['oot_blacklist']}); "
-            "set only one"
-        )
-    wl, bl = origins["flagos_whitelist"], origins["flagos_blacklist"]
-    if values["flagos_whitelist"] and values["flagos_blacklist"] and wl.startswith("env") and bl.startswith("env"):
-        raise SettingsError(
-            "SGLANG_FL_FLAGOS_WHITELIST and SGLANG_FL_FLAGOS_BLACKLIST are mutually exclusive; set only one"
-        )
-    if values["flagos_whitelist"] and values["flagos_blacklist"]:
-        # A whitelist beats a YAML flagos_blacklist: keep one source of truth.
-        values["flagos_blacklist"] = ()
-        origins["flagos_blacklist"] = f"ignored: whitelist from {wl} wins"
+            f"{names} are mutually exclusive (whitelist from {origins[white]}, blacklist from "
+            f"{origins[black]}); set only one")
+    loser, winner = (black, white) if rw >= rb else (white, black)
+    values[loser] = ()
+    origins[loser] = f"ignored: {winner} from {origins[winner]} wins"
+
+
+def _check_combinations(values: dict[str, Any], origins: dict[str, str],
+                        platform_data: dict[str, Any]) -> None:
+    # The platform YAML's flagos_blacklist names ops known to be wrong on that chip: a user's
+    # blacklist adds to it rather than bringing them back (only a whitelist can).
+    platform_black = FIELDS_BY_NAME["flagos_blacklist"].parse(
+        platform_data.get("flagos_blacklist"), "platform YAML: flagos_blacklist")
+    if platform_black and values["flagos_blacklist"] and _rank(origins["flagos_blacklist"]) > 1:
+        values["flagos_blacklist"] = tuple(dict.fromkeys(platform_black + values["flagos_blacklist"]))
+        origins["flagos_blacklist"] += " + platform YAML"
+    _resolve_lists(values, origins, "oot_whitelist", "oot_blacklist",
+                   "SGLANG_FL_OOT_WHITELIST and SGLANG_FL_OOT_BLACKLIST", yaml_white_wins=False)
+    _resolve_lists(values, origins, "flagos_whitelist", "flagos_blacklist",
+                   "SGLANG_FL_FLAGOS_WHITELIST and SGLANG_FL_FLAGOS_BLACKLIST", yaml_white_wins=True)
     if values["allow_vendors"] and values["deny_vendors"]:
         both = set(values["allow_vendors"]) & set(values["deny_vendors"])
         if both:

@@ -151,6 +151,28 @@ def test_flagos_whitelist_beats_yaml_blacklist(tmp_path):
     assert "whitelist" in s.origins["flagos_blacklist"]
 
 
+def test_platform_flagos_lists_yield_to_the_user_but_known_bad_ops_stay_out(tmp_path):
+    # cuda.yaml: a Layer-1 whitelist. A user's blacklist (higher precedence) replaces that mode,
+    # and the ops cuda.yaml marks as wrong stay blacklisted on top of the user's own.
+    platform_yaml = build(platform="cuda")
+    assert platform_yaml.flagos_whitelist
+    s = build({"SGLANG_FL_FLAGOS_BLACKLIST": "count_nonzero"}, platform="cuda")
+    assert s.flagos_whitelist == () and "ignored" in s.origins["flagos_whitelist"]
+    assert s.flagos_blacklist[-1] == "count_nonzero"
+    assert {"mul", "pow_scalar"} <= set(s.flagos_blacklist)
+    assert s.origins["flagos_blacklist"] == "env SGLANG_FL_FLAGOS_BLACKLIST + platform YAML"
+    s = build({"SGLANG_FL_FLAGOS_WHITELIST": "mm,mul"}, platform="cuda")
+    assert s.flagos_whitelist == ("mm", "mul")  # an explicit whitelist is the user's call
+
+
+def test_oot_lists_from_different_sources_follow_precedence(tmp_path):
+    cfg = tmp_path / "u.yaml"
+    cfg.write_text("oot_blacklist: [RotaryEmbedding]\n")
+    s = build({"SGLANG_FL_CONFIG": str(cfg), "SGLANG_FL_OOT_WHITELIST": "RMSNorm"})
+    assert s.oot_whitelist == ("RMSNorm",) and s.oot_blacklist == ()
+    assert s.routes_class(("RMSNorm", "RMSNorm")) and not s.routes_class(("SiluAndMul", "SiluAndMul"))
+
+
 def test_settings_are_immutable():
     s = build()
     with pytest.raises(AttributeError):
