@@ -9,16 +9,20 @@ Configurations (each a real ``python -m sglang.launch_server``):
 - ``plugin-off``: ``SGLANG_PLUGINS=__none__``. On an empty install (no sglang-kernel, no working
   torchvision) native SGLang cannot start; the run reports why and compares the first two.
 
-Rounds interleave the configurations (order alternates every round), a fresh server per
-configuration and round; each round measures batch 1 and a batch of concurrent sequences.
-Reported: medians with min/max over rounds and the per-round ratio to the baseline.
+Method, chosen for a small shared machine: all runnable servers are up at the same time (with
+``--sleep-on-idle`` so an idle scheduler does not spin a core), and each repeat measures the
+configurations back to back, order alternating, so load from elsewhere hits both sides of a
+pair alike. Reported per configuration and batch size: median tok/s with min/max, median tokens
+per CPU-second of the whole server process tree (robust to load from other processes), and the
+median of the per-pair ratios ``plugin-reference / baseline`` of both, with min/max.
 
-    .venv/bin/python benchmarks/cpu_serving.py --rounds 5
+    .venv/bin/python benchmarks/cpu_serving.py --repeats 10
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -37,28 +41,38 @@ CLEARED = ("SGLANG_FL_OOT_ENABLED", "SGLANG_FL_PREFER", "SGLANG_FL_PER_OP", "SGL
            "SGLANG_FL_OOT_WHITELIST", "SGLANG_PLUGINS", "SGLANG_FL_DISPATCH_LOG")
 
 
-def measure(server, batch: int, new_tokens: int, prompt_len: int) -> float:
-    """Output tokens per second of one /generate call with ``batch`` sequences (greedy, no EOS)."""
+def _tree_cpu_seconds(server) -> float:
+    """User+system CPU seconds used so far by the server and all its processes."""
+    import psutil
+
+    root = psutil.Process(server.process.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def measure(server, batch: int, new_tokens: int, prompt_len: int) -> tuple[float, float]:
+    """One /generate call with ``batch`` sequences (greedy, no EOS): output tokens per wall
+    second, and per CPU second of the whole server (which load from other processes on a shared
+    machine barely moves)."""
     prompts = [[(7 * i + 3 * j) % 500 + 10 for j in range(prompt_len)] for i in range(batch)]
     payload = {"input_ids": prompts if batch > 1 else prompts[0],
                "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
+    cpu0 = _tree_cpu_seconds(server)
     start = time.perf_counter()
     out = server.post_json("/generate", payload, timeout=600)
     seconds = time.perf_counter() - start
+    cpu = _tree_cpu_seconds(server) - cpu0
     items = out if isinstance(out, list) else [out]
     tokens = sum(item["meta_info"]["completion_tokens"] for item in items)
     if tokens != batch * new_tokens:
         raise RuntimeError(f"expected {batch * new_tokens} tokens, got {tokens}")
-    return tokens / seconds
-
-
-def run_config(name, model, server_args, batches, new_tokens, prompt_len, workdir):
-    env = {k: None for k in CLEARED}
-    env.update(CONFIGS[name])
-    log = Path(workdir) / f"{name}-{time.time_ns()}.log"
-    with launched_server(model, server_args, env, log_path=log, timeout=300) as srv:
-        measure(srv, 1, 8, prompt_len)  # warm-up: first-call allocations, lazy init
-        return {bs: measure(srv, bs, new_tokens, prompt_len) for bs in batches}
+    return tokens / seconds, tokens / max(cpu, 1e-9)
 
 
 def summarize(samples: list[float]) -> dict:
@@ -69,16 +83,17 @@ def summarize(samples: list[float]) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model path (default: the embedded tiny Qwen2, built if needed)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10, help="measurement pairs (>= 5)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--server-args", default="--dtype float32",
-                        help="extra launch_server options (float32: SGLang's auto picks float16, slow on CPU)")
+    parser.add_argument("--server-args", default="--dtype float32 --sleep-on-idle",
+                        help="extra launch_server options (float32: SGLang's auto picks float16 for "
+                             "this checkpoint; sleep-on-idle: the waiting server must not spin a core)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds={args.rounds} must be >= 1")
+    if args.repeats < 5:
+        parser.error(f"--repeats={args.repeats}: at least 5 are needed for a median with spread")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
 
     if args.model:
@@ -94,48 +109,65 @@ def main(argv=None) -> int:
     names = list(CONFIGS)
     unavailable: dict[str, str] = {}
     results: dict[str, dict[int, list[float]]] = {n: {bs: [] for bs in batches} for n in names}
-    for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for name in order:
-            if name in unavailable:
-                continue
+    per_cpu: dict[str, dict[int, list[float]]] = {n: {bs: [] for bs in batches} for n in names}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name in names:
+            env = {k: None for k in CLEARED}
+            env.update(CONFIGS[name])
+            log = Path(workdir) / f"{name}.log"
             try:
-                got = run_config(name, model, server_args, batches, args.new_tokens, args.prompt_len, workdir)
+                servers[name] = stack.enter_context(
+                    launched_server(model, server_args, env, log_path=log, timeout=300))
             except ServerStartError as exc:
                 tail = [ln for ln in str(exc).splitlines() if ln.strip()][-1]
                 unavailable[name] = f"server did not start: {tail.strip()}"
-                print(f"[round {r + 1}] {name}: cannot run here ({unavailable[name]})", file=sys.stderr)
+                print(f"{name}: cannot run here ({unavailable[name]})", file=sys.stderr)
                 continue
-            for bs, tps in got.items():
-                results[name][bs].append(tps)
-            print(f"[round {r + 1}] {name}: " + ", ".join(f"bs{bs} {t:.1f} tok/s" for bs, t in got.items()),
-                  file=sys.stderr)
+            measure(servers[name], 1, 8, args.prompt_len)  # warm-up: first-call allocations
+        for r in range(args.repeats):
+            order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+            for bs in batches:
+                for name in order:
+                    wall, cpu = measure(servers[name], bs, args.new_tokens, args.prompt_len)
+                    results[name][bs].append(wall)
+                    per_cpu[name][bs].append(cpu)
+            print(f"[repeat {r + 1}] " + "; ".join(
+                f"{n}: " + ", ".join(f"bs{bs} {results[n][bs][-1]:.1f}" for bs in batches)
+                for n in servers) + " tok/s", file=sys.stderr)
 
     measured = [n for n in names if n not in unavailable]
     baseline = "plugin-off" if "plugin-off" in measured else "plugin-oot-off"
     report = {
-        "model": model, "server_args": server_args, "rounds": args.rounds,
+        "model": model, "server_args": server_args, "repeats": args.repeats,
         "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
         "unavailable": unavailable, "baseline": baseline,
         "throughput_tok_s": {n: {str(bs): summarize(results[n][bs]) for bs in batches} for n in measured},
+        "tokens_per_cpu_second": {n: {str(bs): summarize(per_cpu[n][bs]) for bs in batches} for n in measured},
         "ratio_plugin_reference_to_baseline": {},
+        "cpu_ratio_plugin_reference_to_baseline": {},
     }
     if "plugin-reference" in measured and baseline in measured:
         for bs in batches:
-            per_round = [a / b for a, b in zip(results["plugin-reference"][bs], results[baseline][bs], strict=True)]
-            report["ratio_plugin_reference_to_baseline"][str(bs)] = summarize(per_round)
+            for key, data in (("ratio_plugin_reference_to_baseline", results),
+                              ("cpu_ratio_plugin_reference_to_baseline", per_cpu)):
+                pairs = zip(data["plugin-reference"][bs], data[baseline][bs], strict=True)
+                report[key][str(bs)] = summarize([a / b for a, b in pairs])
 
     print(json.dumps(report, indent=2))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'config':<18} {'batch':>5} {'median tok/s':>13} {'min':>9} {'max':>9}")
+    print(f"\n{'config':<18} {'batch':>5} {'tok/s median':>13} {'min':>9} {'max':>9} {'tok/CPU-s median':>17}")
     for n in measured:
         for bs in batches:
             s = report["throughput_tok_s"][n][str(bs)]
-            print(f"{n:<18} {bs:>5} {s['median']:>13.1f} {s['min']:>9.1f} {s['max']:>9.1f}")
-    for bs, s in report["ratio_plugin_reference_to_baseline"].items():
-        print(f"ratio plugin-reference / {baseline}, batch {bs}: median {s['median']:.3f} "
-              f"(min {s['min']:.3f}, max {s['max']:.3f}, {s['n']} rounds)")
+            c = report["tokens_per_cpu_second"][n][str(bs)]
+            print(f"{n:<18} {bs:>5} {s['median']:>13.1f} {s['min']:>9.1f} {s['max']:>9.1f} {c['median']:>17.1f}")
+    for key, what in (("ratio_plugin_reference_to_baseline", "tok/s"),
+                      ("cpu_ratio_plugin_reference_to_baseline", "tok/CPU-s")):
+        for bs, s in report[key].items():
+            print(f"ratio plugin-reference / {baseline} ({what}), batch {bs}: median {s['median']:.3f} "
+                  f"(min {s['min']:.3f}, max {s['max']:.3f}, {s['n']} pairs)")
     for n, why in unavailable.items():
         print(f"{n}: not measured -- {why}")
     return 0 if "plugin-reference" in measured else 1
