@@ -37,15 +37,23 @@ from pathlib import Path
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
 # ops (Layer 1). Every knob is an env variable, so a configuration does not depend on the YAML.
 _ALL_CLASSES = "SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding"
+_OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "silu_and_mul")
+
+
+def _every_op(kinds):
+    """SGLANG_FL_PER_OP pinning every op (a per-op list in the platform YAML beats PREFER)."""
+    return ";".join(f"{op}={kinds}" for op in _OPS)
+
+
 _TUNED = ("rms_norm=vendor|flagos|reference;rotary_embedding=vendor|flagos|reference;"
           "silu_and_mul=flagos|vendor|reference;gemma_rms_norm=vendor|flagos|reference")
 CONFIGS = {
     # SGLang's own forward_cuda (sgl_kernel / jit_kernel): Layer 2 routes no class.
     "native-L1off": {"SGLANG_FL_OOT_BLACKLIST": _ALL_CLASSES, "USE_FLAGGEMS": "0"},
-    "vendor-L1off": {"SGLANG_FL_PREFER": "vendor", "USE_FLAGGEMS": "0"},
-    "flagos-L1off": {"SGLANG_FL_PREFER": "flagos", "USE_FLAGGEMS": "0"},
-    "reference-L1off": {"SGLANG_FL_PREFER": "reference", "USE_FLAGGEMS": "0"},
-    # Per-op order from benchmarks/op_bench.py (decode sizes under CUDA graph).
+    "vendor-L1off": {"SGLANG_FL_PER_OP": _every_op("vendor"), "USE_FLAGGEMS": "0"},
+    "flagos-L1off": {"SGLANG_FL_PER_OP": _every_op("flagos"), "USE_FLAGGEMS": "0"},
+    "reference-L1off": {"SGLANG_FL_PER_OP": _every_op("reference"), "USE_FLAGGEMS": "0"},
+    # Per-op order from benchmarks/op_bench.py (decode sizes under CUDA graph), Layer 1 off.
     "tuned-L1off": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "0"},
     # Whatever the platform YAML (sglang_fl/config/cuda.yaml) says when the run is made.
     "fl-defaults": {},

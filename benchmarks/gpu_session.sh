@@ -50,7 +50,7 @@ EOF
 
 stage_jit() {
   log "jit prebuild"
-  timeout 400 $PY benchmarks/jit_prebuild.py --jobs 12
+  timeout 400 $PY benchmarks/jit_prebuild.py --jobs 12 ${JIT_ARGS:-}
 }
 
 stage_tests() {

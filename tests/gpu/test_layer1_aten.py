@@ -1,9 +1,11 @@
-"""Layer 1 on the GPU: the ATen ops a served model runs, with the cuda.yaml default FlagGems set
-switched on, against the same ops on PyTorch's own kernels.
+"""Layer 1 on the GPU: the ATen ops a served model runs, with FlagGems switched on, against the
+same ops on PyTorch's own kernels.
 
-The set is read from the platform YAML through Settings exactly as the plugin reads it
-(``flagos_whitelist`` -> ``only_enable``, else ``enable(unused=flagos_blacklist)``) and applied
-with ``flag_gems.use_gems`` so it is switched off again after each test.
+Two sets: the cuda.yaml default, read through Settings exactly as the plugin reads it
+(``flagos_whitelist`` -> ``only_enable``, else ``enable(unused=flagos_blacklist)``), and the
+widest set a user can ask for (every FlagGems op but the two known-wrong ones,
+``SGLANG_FL_FLAGOS_BLACKLIST=mul,pow_scalar``). Each is applied with ``flag_gems.use_gems`` so it
+is switched off again after the test.
 """
 
 from __future__ import annotations
@@ -23,10 +25,16 @@ from gpu_support import TOLERANCES  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def cuda_settings():
+LAYER1_SETS = {
+    "cuda.yaml": {},
+    "all-but-mul-pow_scalar": {"SGLANG_FL_FLAGOS_BLACKLIST": "mul,pow_scalar"},
+}
+
+
+def cuda_settings(env=None):
     from sglang_fl.config import build_settings
 
-    return build_settings(env={}, detect_platform=lambda: "cuda")
+    return build_settings(env=env or {}, detect_platform=lambda: "cuda")
 
 
 @contextlib.contextmanager
@@ -88,9 +96,10 @@ def _cases(tokens):
     }
 
 
+@pytest.mark.parametrize("layer1_set", LAYER1_SETS)
 @pytest.mark.parametrize("tokens", (1, 32, 512))
-def test_layer1_ops_match_pytorch(tokens):
-    settings = cuda_settings()
+def test_layer1_ops_match_pytorch(tokens, layer1_set):
+    settings = cuda_settings(LAYER1_SETS[layer1_set])
     cases = _cases(tokens)
     expected = {name: fn() for name, fn in cases.items()}
     with layer1(settings):
@@ -111,9 +120,10 @@ def test_layer1_ops_match_pytorch(tokens):
     assert not bad, "Layer-1 default set disagrees with PyTorch:\n" + "\n".join(bad)
 
 
-def test_layer1_tiny_qwen2_forward():
-    """A whole Qwen2 forward (HF transformers, Qwen2.5-0.5B widths, 2 layers) under the default
-    set: logits agree and greedy next tokens are the same."""
+@pytest.mark.parametrize("layer1_set", LAYER1_SETS)
+def test_layer1_tiny_qwen2_forward(layer1_set):
+    """A whole Qwen2 forward (HF transformers, Qwen2.5-0.5B widths, 2 layers) under the set:
+    logits agree and greedy next tokens are the same."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Qwen2Config(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=2, num_attention_heads=14,
@@ -125,7 +135,7 @@ def test_layer1_tiny_qwen2_forward():
     ids = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda", generator=g(11))
     with torch.no_grad():
         ref = model(ids).logits.float()
-        with layer1(cuda_settings()):
+        with layer1(cuda_settings(LAYER1_SETS[layer1_set])):
             got = model(ids).logits.float()
     assert rel_err(got, ref) < 3e-2, rel_err(got, ref)
     agree = (got[:, -1].argmax(-1) == ref[:, -1].argmax(-1)).float().mean().item()
