@@ -25,18 +25,22 @@ PY=${PY:-python3}
 
 log() { echo "== [$(date -u +%H:%M:%S)] $*"; }
 
+args() { read -ra ARGS <<< "${1:-}"; }  # split an *_ARGS variable into the array ARGS
+
 stage_install() {
-  log "install: $(ls "$BUNDLE"/*.whl | grep -vc '/sglang_fl-') wheels from $BUNDLE + this checkout"
-  # shellcheck disable=SC2046
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    $(ls "$BUNDLE"/*.whl | grep -v '/sglang_fl-') || return 1
-  $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || return 1
+  local wheels=() w
+  for w in "$BUNDLE"/*.whl; do
+    [[ $w == */sglang_fl-* ]] || wheels+=("$w")  # the checkout itself is installed below
+  done
+  log "install: ${#wheels[@]} wheels from $BUNDLE + this checkout"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "${wheels[@]}" || return 1
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || return 1
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     mkdir -p "$TVM_FFI_CACHE_DIR" && tar -xzf "$JIT_CACHE_TGZ" -C "$TVM_FFI_CACHE_DIR"
-    log "restored JIT cache: $(ls "$TVM_FFI_CACHE_DIR" | wc -l) modules"
+    log "restored JIT cache from $JIT_CACHE_TGZ"
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
-  $PY - <<'EOF'
+  "$PY" - <<'EOF'
 import importlib.metadata as md, torch
 print({p: md.version(p) for p in ("torch", "triton", "sglang", "flag_gems", "sglang-kernel",
                                   "apache-tvm-ffi", "transformers", "sglang_fl")})
@@ -50,31 +54,34 @@ EOF
 
 stage_jit() {
   log "jit prebuild"
-  timeout 400 $PY benchmarks/jit_prebuild.py --jobs 12 ${JIT_ARGS:-}
+  args "${JIT_ARGS:-}"
+  timeout 400 "$PY" benchmarks/jit_prebuild.py --jobs 12 "${ARGS[@]}"
 }
 
 stage_tests() {
   log "tests/gpu"
-  timeout "${TESTS_TIMEOUT:-420}" $PY -m pytest tests/gpu -m gpu -q -p no:cacheprovider \
-    -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
+  args "${PYTEST_ARGS:-}"
+  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider \
+    -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" "${ARGS[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
 }
 
 stage_ops() {
   log "op benchmark"
-  timeout "${OPS_TIMEOUT:-300}" $PY benchmarks/op_bench.py --out "$OUT/ops.json" --replays 5 ${OPS_ARGS:-} \
+  args "${OPS_ARGS:-}"
+  timeout "${OPS_TIMEOUT:-300}" "$PY" benchmarks/op_bench.py --out "$OUT/ops.json" --replays 5 "${ARGS[@]}" \
     2>&1 | tee "$OUT/ops.log" | tail -n 60
 }
 
 stage_model() {
   log "model -> $MODEL_DIR"
-  $PY -c "from sglang_fl.models import make_tiny_model; print(make_tiny_model('$MODEL_DIR', preset='qwen2.5-0.5b'))"
+  "$PY" -c "from sglang_fl.models import make_tiny_model; print(make_tiny_model('$MODEL_DIR', preset='qwen2.5-0.5b'))"
 }
 
 stage_e2e() {
   log "e2e benchmark"
-  # shellcheck disable=SC2086
-  timeout "${E2E_TIMEOUT:-480}" $PY benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
-    --log-dir /tmp/e2e-logs ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -n 60
+  args "${E2E_ARGS:-}"
+  timeout "${E2E_TIMEOUT:-480}" "$PY" benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
+    --log-dir /tmp/e2e-logs "${ARGS[@]}" 2>&1 | tee "$OUT/e2e.log" | tail -n 60
   tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs 2>/dev/null
 }
 
