@@ -79,12 +79,14 @@ def test_single_rank_collectives_on_a_side_stream(engine, dtype):
 def test_one_flagcx_stream_per_torch_stream(engine):
     x = torch.ones(8, device=engine.device)
     s1, s2 = torch.cuda.Stream(engine.device), torch.cuda.Stream(engine.device)
+    before = set(engine._streams)  # the module-scoped engine already saw earlier tests' streams
     for s in (s1, s2, s1, s2):
         with torch.cuda.stream(s):
             engine.all_reduce(x)
     torch.cuda.synchronize()
+    # exactly one FlagCX stream per torch stream: reusing s1/s2 adds nothing
+    assert set(engine._streams) - before == {s1.cuda_stream, s2.cuda_stream} - before
     assert {s1.cuda_stream, s2.cuda_stream} <= set(engine._streams)
-    assert len(engine._streams) <= 4  # default/side streams of earlier tests + these two
 
 
 def test_two_ranks_through_sglang(tmp_path):
