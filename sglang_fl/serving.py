@@ -197,28 +197,27 @@ def _wait_healthy(server: Server, timeout: float, progress) -> float:
 def stop(server: Server, timeout: float = 30.0) -> int | None:
     """Stop the server and everything it started.
 
-    SIGTERM to launch_server first (SGLang then stops its own children in order), then SIGTERM
-    and finally SIGKILL to whatever is left of its process group.
+    SIGTERM to launch_server first (SGLang drains requests and stops its own children), then
+    SIGTERM and SIGKILL to whatever is left of its process group; if the drain does not finish
+    within ``timeout`` seconds, the whole group is killed at once.
     """
     proc = server.process
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = None
+    pgid = proc.pid  # started with start_new_session: it leads its own group, even once dead
+    graceful = True
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            pass
-    if pgid is not None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _group_alive(pgid):
-                break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-            _wait_group(pgid, 10.0)
+            graceful = False
+    # After a clean exit, leftovers get SIGTERM first; after a hung drain, no more waiting.
+    for sig in ((signal.SIGTERM, signal.SIGKILL) if graceful else (signal.SIGKILL,)):
+        if not _group_alive(pgid):
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        _wait_group(pgid, 5.0)
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=10)
