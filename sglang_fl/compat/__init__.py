@@ -37,29 +37,43 @@ Activation (`activate`) happens in every process at the first ``import sglang``,
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import sys
-from collections import namedtuple
-
-from sglang_fl.compat.standins import (
-    CALL_LOG_PREFIX,
-    STANDIN_MARKER,
-    Standin,
-    StandinCalledError,
-    StandinFinder,
-    standin_calls,
-)
 
 __all__ = [
     "CALL_LOG_PREFIX", "LEDGER", "STANDIN_MARKER", "Standin", "StandinCalledError", "activate",
     "state", "standin_calls",
 ]
 
-logger = logging.getLogger("sglang_fl.compat")
+# This package is imported by the .pth hook in every interpreter of the environment, so its
+# top level stays cheap: the stand-in machinery is imported on first use (``__getattr__``) or by
+# `activate`.
+_LAZY = {"CALL_LOG_PREFIX", "STANDIN_MARKER", "Standin", "StandinCalledError", "standin_calls"}
 
-Patch = namedtuple("Patch", "name why how upstream remove_when")
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from sglang_fl.compat import standins
+
+        return getattr(standins, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Patch:
+    """One ledger entry. (A plain class: ``typing``/``collections`` would cost the hook ~2 ms.)"""
+
+    __slots__ = ("name", "why", "how", "upstream", "remove_when")
+
+    def __init__(self, name: str, why: str, how: str, upstream: str, remove_when: str) -> None:
+        self.name, self.why, self.how = name, why, how
+        self.upstream, self.remove_when = upstream, remove_when
+
+    def __iter__(self):
+        return iter((self.name, self.why, self.how, self.upstream, self.remove_when))
+
+    def __repr__(self) -> str:
+        return f"Patch({self.name!r})"
+
 
 LEDGER: tuple[Patch, ...] = (
     Patch("standin:sgl_kernel", "module-level sgl_kernel imports (incl. sgl_kernel.kvcacheio)",
@@ -112,6 +126,8 @@ _torch_libs: list = []  # keep torch.library.Library objects alive
 
 
 def _absent(name: str) -> bool:
+    import importlib.util
+
     try:
         return importlib.util.find_spec(name) is None
     except (ImportError, ValueError):
@@ -120,14 +136,22 @@ def _absent(name: str) -> bool:
 
 def _broken(name: str) -> bool:
     """Installed but fails to import (a CUDA torchvision beside a CPU-only torch)."""
+    import importlib
+
     try:
         importlib.import_module(name)
         return False
     except Exception as exc:  # noqa: BLE001 -- any import failure means "cannot use it"
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
-        logger.warning("%s is installed but does not import (%s); using a stand-in", name, exc)
+        _logger().warning("%s is installed but does not import (%s); using a stand-in", name, exc)
         return True
+
+
+def _logger():
+    import logging
+
+    return logging.getLogger("sglang_fl.compat")
 
 
 def _define_moe_fused_gate(module) -> None:
@@ -171,6 +195,8 @@ def activate() -> None:
     if state.active:
         return
     state.active = True
+    from sglang_fl.compat.standins import StandinFinder
+
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
     tv_broken = not _absent("torchvision") and _broken("torchvision")
     if tv_broken or _absent("torchvision"):
@@ -197,4 +223,4 @@ def activate() -> None:
         _set_default("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
         if _platform() == "cpu":
             _set_default("SGLANG_USE_CPU_ENGINE", "1")
-    logger.info("sglang-fl empty mode: stand-ins for %s; env %s", ", ".join(missing), state.env_set)
+    _logger().info("sglang-fl empty mode: stand-ins for %s; env %s", ", ".join(missing), state.env_set)
