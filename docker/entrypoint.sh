@@ -23,8 +23,11 @@ source_vendor_env() {
     local script
     for script in ${SGLANG_FL_ENV_SCRIPTS:-}; do
         if [ -f "$script" ]; then
+            # Vendor scripts are not written for `set -e`: source them without it.
+            set +e
             # shellcheck disable=SC1090
             . "$script"
+            set -e
         fi
     done
 }

@@ -68,7 +68,8 @@ def test_smoke_and_passthrough_commands(tmp_path, fake_python):
 
 def test_vendor_env_scripts_are_sourced_when_present(tmp_path):
     script = tmp_path / "set_env.sh"
-    script.write_text("export ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest\n")
+    # like real vendor scripts, it has a failing command (must not abort under `set -e`)
+    script.write_text("false\nexport ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest\n")
     r = entry("sh", "-c", "echo $ASCEND_TOOLKIT_HOME", tmp_path=tmp_path,
               SGLANG_FL_ENV_SCRIPTS=f"{script} {tmp_path}/absent.sh")
     assert r.returncode == 0 and r.stdout.strip() == "/usr/local/Ascend/ascend-toolkit/latest"
