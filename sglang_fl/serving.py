@@ -158,7 +158,8 @@ def launched_server(
 
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, env=full_env, start_new_session=True,
+                                   preexec_fn=_term_when_parent_dies)
     server = Server(f"http://{host}:{port}", port, log_path, process, command, full_env)
     try:
         server.start_seconds = _wait_healthy(server, timeout, progress)
@@ -170,6 +171,17 @@ def launched_server(
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             raise
+
+
+def _term_when_parent_dies() -> None:
+    """In the child before exec (Linux): SIGTERM it if the launching thread dies, so a launcher
+    killed without running its ``finally`` (SIGKILL, a CI timeout) still stops the server.
+    Consequence: launch from a thread that outlives the server (normally the main thread)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait_healthy(server: Server, timeout: float, progress) -> float:
