@@ -143,11 +143,6 @@ def _path(raw: Any, where: str) -> str | None:
     return text or None
 
 
-def _text(raw: Any, where: str) -> str | None:
-    text = str(raw).strip() if raw is not None else ""
-    return text or None
-
-
 @dataclass(frozen=True)
 class Field:
     name: str
@@ -246,11 +241,14 @@ class Settings:
             out[f.name] = value
         return out
 
+    @property
+    def default_order(self) -> tuple[str, ...]:
+        """Backend kinds tried for an op without its own ``op_backends`` entry."""
+        return (self.prefer,) + tuple(k for k in BACKEND_KINDS if k != self.prefer)
+
     def backend_order(self, op: str) -> tuple[str, ...]:
         """Backend kinds to try for ``op``, first to last."""
-        if op in self.op_backends:
-            return self.op_backends[op]
-        return (self.prefer,) + tuple(k for k in BACKEND_KINDS if k != self.prefer)
+        return self.op_backends.get(op, self.default_order)
 
     def routes_class(self, class_names: tuple[str, ...]) -> bool:
         """Whether a layer whose routed class names are ``class_names`` goes through Layer 2."""

@@ -3,6 +3,7 @@ others may not. Pure function of Settings + the registered impls; no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
@@ -16,7 +17,7 @@ class Selection:
 
 @dataclass(frozen=True)
 class SelectionPolicy:
-    order: dict  # op -> tuple of kind names; built from Settings.backend_order
+    op_backends: Mapping[str, tuple[str, ...]]  # per-op kind order (Settings.op_backends)
     default_order: tuple[str, ...]
     strict: bool = False
     allow_vendors: tuple[str, ...] = ()
@@ -25,26 +26,25 @@ class SelectionPolicy:
     @classmethod
     def from_settings(cls, settings) -> SelectionPolicy:
         return cls(
-            order={op: settings.backend_order(op) for op in settings.op_backends},
-            default_order=settings.backend_order("\0"),
+            op_backends=settings.op_backends,
+            default_order=settings.default_order,
             strict=settings.strict,
             allow_vendors=settings.allow_vendors,
             deny_vendors=settings.deny_vendors,
         )
 
     def kinds_for(self, op_name: str) -> tuple[str, ...]:
-        return self.order.get(op_name, self.default_order)
+        return self.op_backends.get(op_name, self.default_order)
 
     def select(self, op_name: str, impls: tuple[OpImpl, ...]) -> Selection:
-        kinds = self.kinds_for(op_name)
-        if self.strict:
-            kinds = kinds[:1]
+        order = self.kinds_for(op_name)
+        kinds = order[:1] if self.strict else order
         excluded: list[tuple[str, str]] = []
         allowed: list[OpImpl] = []
         for impl in impls:
             kind = impl.kind.value
             if kind not in kinds:
-                why = "strict: only the first kind" if self.strict and kind in self.kinds_for(op_name) else "kind not in order"
+                why = "strict: only the first kind" if kind in order else "kind not in order"
                 excluded.append((impl.impl_id, f"{why} {list(kinds)}"))
             elif impl.kind is BackendImplKind.VENDOR and impl.vendor in self.deny_vendors:
                 excluded.append((impl.impl_id, f"vendor {impl.vendor!r} in SGLANG_FL_DENY_VENDORS"))
