@@ -37,11 +37,11 @@ def _plan(platform: str) -> dict[str, tuple[object, str]]:
         plan["attention_backend"] = ("torch_native", "intel_amx needs sgl_kernel's CPU build")
         plan["disable_cuda_graph"] = (True, "no device graphs on CPU")
         plan["max_total_tokens"] = (CPU_MAX_TOTAL_TOKENS, "SGLang would size the KV pool from host RAM")
-        if importlib.util.find_spec("xgrammar") is None:
-            plan["grammar_backend"] = ("none", "xgrammar is not installed")
     elif not real_module_available("flashinfer")[0]:
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")
         plan["sampling_backend"] = ("pytorch", "flashinfer is not installed (empty mode)")
+    if importlib.util.find_spec("xgrammar") is None:  # else SGLang's scheduler dies at start
+        plan["grammar_backend"] = ("none", "xgrammar is not installed")
     if platform == "cuda":
         plan["disable_piecewise_cuda_graph"] = (True, "piecewise CUDA graph is incompatible with FlagGems")
     return plan
