@@ -37,7 +37,8 @@ def _plan(platform: str) -> dict[str, tuple[object, str]]:
         plan["attention_backend"] = ("torch_native", "intel_amx needs sgl_kernel's CPU build")
         plan["disable_cuda_graph"] = (True, "no device graphs on CPU")
         plan["max_total_tokens"] = (CPU_MAX_TOTAL_TOKENS, "SGLang would size the KV pool from host RAM")
-    elif not real_module_available("flashinfer")[0]:
+    elif platform == "cuda" and not real_module_available("flashinfer")[0]:
+        # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")
         plan["sampling_backend"] = ("pytorch", "flashinfer is not installed (empty mode)")
     if importlib.util.find_spec("xgrammar") is None:  # else SGLang's scheduler dies at start
