@@ -30,6 +30,11 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    overlap_utils.py bind the JIT CUDA kernel under ``is_cuda()``; no plugin API reaches them.
    How: rebind to SGLang's own ``*_native`` twin after the module runs (`swaps`). Upstream:
    none. Remove when SGLang falls back when the JIT path is unavailable.
+7. ``sgl_kernel-off-flashinfer`` -- a real sgl_kernel hands rmsnorm/fused_add_rmsnorm and
+   top-k/top-p renorm to flashinfer whenever ``import flashinfer.norm`` succeeded at its import,
+   which the flashinfer stand-in makes true. How: after ``sgl_kernel.elementwise`` /
+   ``sgl_kernel.sampling`` run, set their ``_has_flashinfer`` to False (only when sgl_kernel is
+   real and flashinfer is a stand-in). Upstream: none. Remove with 2.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md.
@@ -95,7 +100,14 @@ LEDGER: tuple[Patch, ...] = (
     Patch("swap:_resolve_future_token_ids", "overlap_utils binds the JIT CUDA kernel under is_cuda()",
           "rebind to _resolve_future_token_ids_native after import", "none",
           "SGLang falls back when the JIT path is unavailable"),
+    Patch("sgl_kernel-off-flashinfer", "sgl_kernel routes norms/renorm to flashinfer when "
+          "flashinfer.norm imports, which the stand-in makes true",
+          "set sgl_kernel.elementwise/sampling._has_flashinfer = False after import", "none",
+          "SGLang no longer needs the flashinfer stand-in"),
 )
+
+# sgl_kernel modules that decide at import whether to call flashinfer (ledger entry 7).
+SGL_KERNEL_FLASHINFER_USERS = ("sgl_kernel.elementwise", "sgl_kernel.sampling")
 
 # Absent CUDA-only packages served by StandinFinder (any submodule).
 STANDIN_PACKAGES: dict[str, frozenset[str] | None] = {
@@ -190,6 +202,11 @@ def _set_default(name: str, value: str) -> None:
         state.env_set[name] = value
 
 
+def _keep_off_flashinfer(module) -> None:
+    if getattr(module, "_has_flashinfer", False):
+        module._has_flashinfer = False
+
+
 def activate() -> None:
     """Enter empty mode for the packages that are missing; idempotent; see the ledger above."""
     if state.active:
@@ -219,6 +236,11 @@ def activate() -> None:
 
     if "flashinfer" in missing:
         _set_default("SGLANG_IS_FLASHINFER_AVAILABLE", "false")
+        if "sgl_kernel" not in missing:
+            from sglang_fl.compat.module_hooks import add_hook
+
+            for name in SGL_KERNEL_FLASHINFER_USERS:
+                add_hook(name, after=_keep_off_flashinfer)
     if "sgl_kernel" in missing:
         _set_default("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
         if _platform() == "cpu":

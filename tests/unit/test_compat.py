@@ -3,6 +3,8 @@ native swaps rebind SGLang's own twins, and the ledger covers every patch."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 
@@ -239,3 +241,28 @@ def test_standins_are_active_in_spawned_processes():
     finally:
         proc.join(60)
     assert proc.exitcode == 0
+
+
+def test_real_sgl_kernel_is_kept_off_the_flashinfer_standin(tmp_path):
+    """Ledger entry 7. A stand-in for an installed sgl_kernel (a double: the real one needs
+    CUDA) decides at import, like the real one, whether ``flashinfer.norm`` imports."""
+    pkg = tmp_path / "sgl_kernel"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from sgl_kernel import elementwise, sampling\n")
+    probe = (
+        "try:\n    import flashinfer.norm  # noqa\n    _has_flashinfer = True\n"
+        "except ImportError:\n    _has_flashinfer = False\n"
+    )
+    (pkg / "elementwise.py").write_text(probe)
+    (pkg / "sampling.py").write_text(probe)
+    code = (
+        "import sglang_fl.compat as c; c.activate()\n"
+        "import sgl_kernel, flashinfer.norm\n"
+        "assert 'sgl_kernel' not in c.state.standins and 'flashinfer' in c.state.standins\n"
+        "print(sgl_kernel.elementwise._has_flashinfer, sgl_kernel.sampling._has_flashinfer)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "False"]

@@ -14,9 +14,8 @@ class CudaBackend(Backend):
         if not torch.cuda.is_available():
             self.unavailable_reason = "no CUDA device"
             return False
+        # (With a flashinfer stand-in, sglang_fl.compat keeps sgl_kernel on its own norm kernels.)
         self._sk = load_real_module(self, "sgl_kernel")
-        if self._sk is not None and not real_module_available("flashinfer")[0]:
-            _keep_sgl_kernel_off_flashinfer()
         return self._sk is not None
 
     def implemented_ops(self) -> tuple[str, ...]:
@@ -66,21 +65,6 @@ class CudaBackend(Backend):
             cos_sin_cache=_cos_sin_cache(obj, cos), is_neox=not rotary_interleaved,
         )
         return query, key
-
-
-def _keep_sgl_kernel_off_flashinfer() -> None:
-    """sgl_kernel hands rmsnorm/fused_add_rmsnorm (and top-k/top-p renorm) to flashinfer
-    whenever ``import flashinfer.norm`` succeeds at its import, which sglang-fl's flashinfer
-    stand-in (empty mode) makes true: point them back at sgl_kernel's own kernels."""
-    import importlib
-
-    for name in ("sgl_kernel.elementwise", "sgl_kernel.sampling"):
-        try:
-            module = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a trimmed or older sgl_kernel may lack one
-            continue
-        if getattr(module, "_has_flashinfer", False):
-            module._has_flashinfer = False
 
 
 def _cos_sin_cache(obj, cos):
