@@ -65,6 +65,18 @@ class ResolvedOp:
                 ) from exc
             return self.candidates[0]
 
+    def retry(self, impl: OpImpl, exc: Exception, args: tuple, kwargs: dict, on_switch=None):
+        """``impl`` raised ``exc`` on ``fn(*args, **kwargs)``: try the next candidates until one
+        succeeds; returns ``(impl, result)``. ``on_switch(impl)`` runs at every switch."""
+        while True:
+            impl = self.fallback(impl, exc)
+            if on_switch is not None:
+                on_switch(impl)
+            try:
+                return impl, impl.fn(*args, **kwargs)
+            except Exception as next_exc:  # noqa: BLE001 - fallback is the point
+                exc = next_exc
+
 
 class OpManager:
     def __init__(self, registry: OpRegistry, policy: SelectionPolicy) -> None:
@@ -117,12 +129,7 @@ class OpManager:
         try:
             return impl.fn(obj, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - fallback is the point
-            impl = resolved.fallback(impl, exc)
-            while True:
-                try:
-                    return impl.fn(obj, *args, **kwargs)
-                except Exception as exc2:  # noqa: BLE001
-                    impl = resolved.fallback(impl, exc2)
+            return resolved.retry(impl, exc, (obj, *args), kwargs)[1]
 
     def reset_resolution(self) -> None:
         with self._lock:

@@ -43,14 +43,11 @@ class ImplSlot:
 
     def call_after_failure(self, exc: Exception, *args, **kwargs):
         """Fall back (or re-raise in strict mode) until an impl succeeds."""
-        while True:
-            impl = self.resolved.fallback(self.impl, exc)
-            self._set(impl)
-            log_dispatch(self.class_name, impl.label, self.log_path)
-            try:
-                return self.fn(*args, **kwargs)
-            except Exception as next_exc:  # noqa: BLE001
-                exc = next_exc
+        return self.resolved.retry(self.impl, exc, args, kwargs, on_switch=self._switch)[1]
+
+    def _switch(self, impl: OpImpl) -> None:
+        self._set(impl)
+        log_dispatch(self.class_name, impl.label, self.log_path)
 
 
 def bind_silu_and_mul(layer, slot: ImplSlot, native):
