@@ -26,8 +26,8 @@ def log_once(key: str, msg: str, *args) -> None:
 
 
 class ImplSlot:
-    """The impl a layer currently calls. ``fn`` is read on every call; ``fail`` runs only when
-    the impl raised (non-strict fallback to the next candidate)."""
+    """The impl a layer currently calls. ``fn`` is read on every call; ``call_after_failure``
+    runs only when the impl raised (non-strict fallback to the next candidate)."""
 
     __slots__ = ("impl", "fn", "resolved", "class_name", "log_path")
 
@@ -74,7 +74,7 @@ _RMSNORM_UNSUPPORTED = (
 
 
 def bind_rms_norm(layer, slot: ImplSlot, native):
-    unsupported = [a for a, ok in _RMSNORM_UNSUPPORTED if getattr(layer, a, ok) not in (ok,)]
+    unsupported = [a for a, ok in _RMSNORM_UNSUPPORTED if getattr(layer, a, ok) != ok]
     if unsupported:
         log_once(f"rmsnorm-{unsupported}", "%s with %s keeps SGLang's own forward (%s)",
                  type(layer).__name__, ", ".join(unsupported), getattr(native, "__name__", native))
