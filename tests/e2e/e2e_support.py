@@ -7,6 +7,7 @@ is what makes exact greedy-id equality a fair test.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -60,3 +61,12 @@ def standin_calls_in(log_text: str) -> list[str]:
     from sglang_fl.compat import CALL_LOG_PREFIX
 
     return [line for line in log_text.splitlines() if CALL_LOG_PREFIX in line]
+
+
+def installed(dist: str) -> bool:
+    """Whether the distribution ``dist`` is installed (the real package, not a stand-in)."""
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False

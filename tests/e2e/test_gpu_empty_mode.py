@@ -8,27 +8,24 @@ test is about; the fused ops take the CUDA platform's order (FlagGems first).
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
-from e2e_support import MAX_NEW_TOKENS, dispatch_lines, greedy_ids, serve, standin_calls_in
+from e2e_support import (
+    MAX_NEW_TOKENS,
+    dispatch_lines,
+    greedy_ids,
+    installed,
+    serve,
+    standin_calls_in,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
-if any(_installed(d) for d in ("sglang-kernel", "sgl-kernel", "flashinfer-python", "apache-tvm-ffi")):
+if any(installed(d) for d in ("sglang-kernel", "sgl-kernel", "flashinfer-python", "apache-tvm-ffi")):
     pytest.skip("sglang-kernel/flashinfer/apache-tvm-ffi installed: not an empty install",
                 allow_module_level=True)
 

@@ -6,10 +6,15 @@ ids, so each variant equals plugin-on token for token.
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
-from e2e_support import EXPECTED_DISPATCH, dispatch_lines, greedy_ids, serve, standin_calls_in
+from e2e_support import (
+    EXPECTED_DISPATCH,
+    dispatch_lines,
+    greedy_ids,
+    installed,
+    serve,
+    standin_calls_in,
+)
 
 from sglang_fl.serving import ServerStartError
 
@@ -39,14 +44,6 @@ def test_variant_serves_the_same_greedy_ids(variant, tiny_model, prompt_ids, hf_
     assert standin_calls_in(log) == []
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 def test_sglang_plugins_none_on_this_install(tiny_model, prompt_ids, hf_ids, tmp_path):
     """``SGLANG_PLUGINS=__none__`` switches sglang-fl off entirely, the import stand-ins included
     (the .pth hook honours SGLang's own filter). On an empty install -- no sglang-kernel, no
@@ -54,7 +51,7 @@ def test_sglang_plugins_none_on_this_install(tiny_model, prompt_ids, hf_ids, tmp
     that is the expected, clear failure, and it shows the stand-ins are what makes the plugin-on
     run start. Where the CUDA-only packages are installed, the native path must serve the same ids.
     """
-    empty_install = not (_installed("sgl-kernel") or _installed("sglang-kernel")) or not _installed("torchvision")
+    empty_install = not (installed("sgl-kernel") or installed("sglang-kernel")) or not installed("torchvision")
     if empty_install:
         with pytest.raises(ServerStartError) as err:
             with serve(tiny_model, tmp_path, timeout=180, SGLANG_PLUGINS="__none__"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import stat
 import tempfile
 from pathlib import Path
 
@@ -117,15 +116,6 @@ def test_device_reservations_per_vendor():
     assert musa["node"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "all"
     assert musa["node0"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "0"
     assert musa["node1"]["environment"]["MTHREADS_VISIBLE_DEVICES"] == "1"
-
-
-@pytest.fixture
-def fake_python(tmp_path):
-    """Stands in for the image's python: records the argv the entrypoint execs."""
-    script = tmp_path / "python"
-    script.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$ARGV_OUT\"\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return script
 
 
 @pytest.mark.parametrize("layout", ["pair", "node"])

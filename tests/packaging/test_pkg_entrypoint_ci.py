@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import stat
 import sys
 import threading
 import time
@@ -16,14 +15,6 @@ from pkg_helpers import ROOT, run, tool
 
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 SESSIONS = {"tests", "lint", "demo", "smoke-cpu", "smoke-cuda", "smoke-ascend", "smoke-musa"}
-
-
-@pytest.fixture
-def fake_python(tmp_path):
-    script = tmp_path / "python"
-    script.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$ARGV_OUT\"\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return script
 
 
 def entry(*args, tmp_path, fake_python=None, **env):
