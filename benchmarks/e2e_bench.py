@@ -12,7 +12,10 @@ Per configuration and repeat:
   on the same prompts (128-token prompts, N = 128, ``ignore_eos``), i.e. prefill subtracted;
 - prefill tok/s: 8 prompts of 2048 tokens, 1 new token, ``tokens / t``.
 
-Medians over repeats with min/max go to JSON (``--out``) and a markdown table. The run also
+Medians over repeats with min/max go to JSON (``--out``) and a markdown table, with each
+configuration's paired ratio to ``native-L1off`` (per repeat, so drift cancels): median, 95 %
+bootstrap confidence interval and IQR (benchmarks/paired_stats.py). GPU runs here swing 10-25 %
+between runs: use 60+ repeats before reading a verdict. The run also
 checks greedy ids of every configuration against HF transformers on the same weights, and keeps
 the ``[OOT-DISPATCH]`` lines each server wrote.
 
@@ -32,6 +35,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired_stats import summarize_pairs  # noqa: E402
+
+ANCHOR = "native-L1off"
+METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 
 # name -> environment (added to the server's). The plugin is installed in all of them; what
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
@@ -156,9 +165,27 @@ def start_all(configs, model, mem_fraction, log_dir, timeout):
     return cms, servers, errors
 
 
-def summarize(values):
+def summarize(values, reps):
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": values}
+            "runs": values, "reps": reps}
+
+
+def paired_to_anchor(results, anchor=ANCHOR):
+    """{config: {metric: paired summary vs anchor}} over the repeats both completed."""
+    if anchor not in results:
+        return {}
+    out = {}
+    for name, res in results.items():
+        if name == anchor:
+            continue
+        out[name] = {}
+        for key in METRICS:
+            a = dict(zip(res[key]["reps"], res[key]["runs"], strict=True))
+            b = dict(zip(results[anchor][key]["reps"], results[anchor][key]["runs"], strict=True))
+            common = sorted(set(a) & set(b))
+            if len(common) >= 2:
+                out[name][key] = summarize_pairs([a[r] for r in common], [b[r] for r in common])
+    return out
 
 
 def main(argv=None):
@@ -169,7 +196,7 @@ def main(argv=None):
     ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS))
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--mem-fraction", type=float, default=0.25)
     ap.add_argument("--start-timeout", type=float, default=420)
@@ -209,18 +236,24 @@ def main(argv=None):
                 except Exception as exc:  # noqa: BLE001
                     errors[name] = f"warm-up: {type(exc).__name__}: {exc}"[-3000:]
             names = [n for n in names if n not in errors]
-            runs = {n: [] for n in names}
+            runs = {n: {} for n in names}  # name -> {repeat: measurement}
             for rep in range(args.repeats if names else 0):
-                order = names[rep % len(names):] + names[:rep % len(names)]
+                live = [n for n in names if n not in errors]
+                if not live:
+                    break
+                order = live[rep % len(live):] + live[:rep % len(live)]
                 for name in order:
                     try:
-                        runs[name].append(measure(servers[name], vocab, 1000 * rep, args.new_tokens))
-                    except Exception as exc:  # noqa: BLE001
+                        runs[name][rep] = measure(servers[name], vocab, 1000 * rep, args.new_tokens)
+                    except Exception as exc:  # noqa: BLE001 - recorded; no more repeats for it
                         errors[name] = f"rep {rep}: {type(exc).__name__}: {exc}"[-3000:]
                 print(f"# repeat {rep + 1}/{args.repeats} done ({time.time() - t0:.0f}s)", flush=True)
             for name, rs in runs.items():
                 if rs:
-                    doc["results"][name] = {k: summarize([r[k] for r in rs]) for k in rs[0]}
+                    reps = sorted(rs)
+                    doc["results"][name] = {k: summarize([rs[r][k] for r in reps], reps)
+                                            for k in METRICS}
+            doc["paired"] = paired_to_anchor(doc["results"])
 
             # Greedy ids against HF transformers on the same weights.
             ids = prompts(4, 32, vocab, 7)
@@ -278,21 +311,19 @@ def _versions():
 
 
 def table(doc):
-    keys = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
-    ref = doc["results"].get("native-L1off") or doc["results"].get("vendor-L1off")
     head = ["configuration", "decode bs1 tok/s", "decode bs32 tok/s", "prefill tok/s",
-            "vs SGLang kernels (bs1 / bs32)", "greedy = HF"]
+            f"paired vs {ANCHOR}: bs1 / bs32 / prefill, median [95% CI]", "greedy = HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     match = doc.get("greedy", {}).get("match", {})
     for name, r in doc["results"].items():
         cells = [name]
-        for k in keys:
+        for k in METRICS:
             m = r[k]
             cells.append(f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})")
-        if ref:
-            cells.append(" / ".join(f"{r[k]['median'] / ref[k]['median']:.3f}" for k in keys[:2]))
-        else:
-            cells.append("-")
+        paired = doc.get("paired", {}).get(name, {})
+        cells.append(" / ".join(
+            f"{p['median']:.3f} [{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f}]" if (p := paired.get(k))
+            else "-" for k in METRICS) if paired else "-")
         mm = match.get(name)
         cells.append("-" if mm is None else f"{mm:.0%}")
         lines.append("| " + " | ".join(cells) + " |")

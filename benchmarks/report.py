@@ -5,16 +5,19 @@
 
 For the end-to-end run it prints medians with min-max and, because single runs on a shared
 machine swing by tens of percent, the paired ratio to the anchor: each repeat measured every
-configuration back to back, so ``config / anchor`` is taken within a repeat and the median and
-inter-quartile range of those ratios are reported.
+configuration back to back, so ``config / anchor`` is taken within a repeat; the median of those
+ratios, its 95 % bootstrap confidence interval and the verdict it supports are reported
+(benchmarks/paired_stats.py).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired_stats import summarize_pairs  # noqa: E402
 
 E2E_KEYS = (("decode_bs1_tok_s", "decode bs1"), ("decode_bs32_tok_s", "decode bs32"),
             ("prefill_tok_s", "prefill"))
@@ -40,10 +43,13 @@ def ops_table(doc):
 
 
 def _paired(results, name, anchor, key):
-    ratios = [a / b for a, b in zip(results[name][key]["runs"], results[anchor][key]["runs"],
-                                    strict=False)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q1, q3
+    """Paired summary over the repeats both configurations completed (older JSON without
+    ``reps`` pairs by position)."""
+    a, b = results[name][key], results[anchor][key]
+    ra = dict(zip(a.get("reps", range(len(a["runs"]))), a["runs"], strict=True))
+    rb = dict(zip(b.get("reps", range(len(b["runs"]))), b["runs"], strict=True))
+    common = sorted(set(ra) & set(rb))
+    return summarize_pairs([ra[r] for r in common], [rb[r] for r in common])
 
 
 def e2e_tables(doc, anchor="native-L1off", pairs=()):
@@ -64,7 +70,7 @@ def e2e_tables(doc, anchor="native-L1off", pairs=()):
         lines.append("| " + " | ".join(cells) + " |")
     out = ["\n".join(lines)]
     if anchor in res:
-        rows = ["| paired ratio (median, IQR over repeats) | " + " | ".join(
+        rows = ["| paired ratio: median [95% CI] (verdict), n pairs | " + " | ".join(
             label for _, label in E2E_KEYS) + " |", "|---|" + "---:|" * len(E2E_KEYS)]
         pairs = list(pairs) or [(n, anchor) for n in res if n != anchor]
         for name, base in pairs:
@@ -72,8 +78,9 @@ def e2e_tables(doc, anchor="native-L1off", pairs=()):
                 continue
             cells = [f"{name} / {base}"]
             for key, _ in E2E_KEYS:
-                med, q1, q3 = _paired(res, name, base, key)
-                cells.append(f"{med:.3f} ({q1:.3f}-{q3:.3f})")
+                p = _paired(res, name, base, key)
+                cells.append(f"{p['median']:.3f} [{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f}] "
+                             f"({p['verdict']}), n={p['n']}")
             rows.append("| " + " | ".join(cells) + " |")
         out.append("\n".join(rows))
     return "\n\n".join(out)

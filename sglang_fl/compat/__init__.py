@@ -35,6 +35,17 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    which the flashinfer stand-in makes true. How: after ``sgl_kernel.elementwise`` /
    ``sgl_kernel.sampling`` run, set their ``_has_flashinfer`` to False (only when sgl_kernel is
    real and flashinfer is a stand-in). Upstream: none. Remove with 2.
+8. ``swap:can_use_store_cache`` -- mem_cache/memory_pool.py asks ``can_use_store_cache`` before
+   its JIT KV-store kernel on CUDA, which compiles through tvm_ffi: with the stand-in that call
+   fails (and is logged) on every empty-mode GPU start, in CUDA-graph capture too. How: rebind
+   it to a check that answers no (`swaps`), so SGLang takes its own index_put branch. Upstream:
+   none. Remove with 6.
+9. ``flaggems:rope-inplace`` -- FlagGems 5.0.2's in-place ``apply_rotary_pos_emb`` races (no
+   barrier between the warps that read a rotation partner and those that overwrite it): 20-30 %
+   of calls at head 128 x 1024 tokens wrong on an H200; out of place is exact. How: the flagos
+   RoPE impl always calls it out of place and copies into q/k (dispatch/backends/flaggems.py);
+   reproducer tools/repro_flaggems_rope_race.py. Upstream: to be reported with the reproducer.
+   Remove when a FlagGems release passes the reproducer and tests/gpu's repeated RoPE cases.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md.
@@ -104,6 +115,14 @@ LEDGER: tuple[Patch, ...] = (
           "flashinfer.norm imports, which the stand-in makes true",
           "set sgl_kernel.elementwise/sampling._has_flashinfer = False after import", "none",
           "SGLang no longer needs the flashinfer stand-in"),
+    Patch("swap:can_use_store_cache", "memory_pool tries the JIT KV-store kernel (tvm_ffi) under "
+          "is_cuda() on every start", "rebind the capability check to answer no", "none",
+          "SGLang falls back when the JIT path is unavailable"),
+    Patch("flaggems:rope-inplace", "FlagGems 5.0.2's in-place apply_rotary_pos_emb races between "
+          "warps (wrong elements in 20-30 % of calls at head 128)",
+          "flagos RoPE calls it out of place and copies into q/k; "
+          "reproducer tools/repro_flaggems_rope_race.py", "to be reported with the reproducer",
+          "a FlagGems release passes the reproducer and the repeated GPU RoPE tests"),
 )
 
 # sgl_kernel modules that decide at import whether to call flashinfer (ledger entry 7).

@@ -114,7 +114,27 @@ def test_native_swap_names_must_exist_in_sglang():
     pytest.importorskip("sglang")
     for swap in swaps.NATIVE_SWAPS:
         module = importlib.import_module(swap.module)
-        assert callable(getattr(module, swap.attr)) and callable(getattr(module, swap.native)), swap
+        assert callable(getattr(module, swap.attr)), swap
+        assert callable(swap.replacement) if not swap.native else callable(getattr(module, swap.native)), swap
+
+
+def test_kv_store_swap_takes_sglangs_native_path_without_the_standin():
+    """memory_pool's JIT KV-store kernel needs tvm_ffi; swapped, SGLang writes the cache with its
+    own index_put branch, and the stand-in is never called."""
+    mp = pytest.importorskip("sglang.srt.mem_cache.memory_pool")
+    torch = pytest.importorskip("torch")
+    saved, saved_cuda = mp.can_use_store_cache, mp._is_cuda
+    try:
+        mp.can_use_store_cache = Standin("tvm_ffi.cpp.load_inline")
+        swaps.apply_swaps(mp)
+        mp._is_cuda = True  # the branch a CUDA host takes
+        k, v = torch.randn(3, 8), torch.randn(3, 8)
+        k_cache, v_cache = torch.zeros(10, 8), torch.zeros(10, 8)
+        idx = torch.tensor([7, 2, 5])
+        mp._set_kv_buffer_impl(k, v, k_cache, v_cache, idx, 8, torch.float32, torch.cpu)
+        assert torch.equal(k_cache[idx], k) and torch.equal(v_cache[idx], v)
+    finally:
+        mp.can_use_store_cache, mp._is_cuda = saved, saved_cuda
 
 
 def test_module_hooks_run_around_module_execution(tmp_path, monkeypatch):

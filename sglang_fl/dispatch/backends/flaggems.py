@@ -41,15 +41,22 @@ class FlagGemsBackend(Backend):
 
     def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
                          rotary_interleaved=False, inplace=True):
+        # FlagGems 5.0.2's in-place RoPE kernel races (no barrier between the warps that read a
+        # rotation partner and those that overwrite it): 20-30 % of calls at head 128 x 1024
+        # tokens return wrong elements on an H200. Its out-of-place kernel is exact, so in-place
+        # is done as out-of-place + copy into q/k (compat ledger entry ``flaggems:rope-inplace``;
+        # reproducer: tools/repro_flaggems_rope_race.py).
         head_size, rot_dim = obj.head_size, 2 * cos.shape[-1]
         tokens = position_ids.numel()
         q = query.view(tokens, -1, head_size)[..., :rot_dim]
         k = key.view(tokens, -1, head_size)[..., :rot_dim]
         q_out, k_out = self._gems.apply_rotary_pos_emb(
             q, k, cos, sin, position_ids.view(tokens), rotary_interleaved=rotary_interleaved,
-            inplace=inplace,
+            inplace=False,
         )
         if inplace:
+            q.copy_(q_out)
+            k.copy_(k_out)
             return query, key
         if rot_dim == head_size:
             return q_out.reshape(query.shape), k_out.reshape(key.shape)

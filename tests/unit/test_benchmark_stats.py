@@ -1,0 +1,48 @@
+"""The statistics behind every published GPU ratio (benchmarks/paired_stats.py) and the
+e2e benchmark's pairing by repeat: a ratio is only taken within one repeat, and the verdict
+follows the confidence interval."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import paired_stats  # noqa: E402
+
+
+def test_ci_covers_the_true_ratio_and_verdict_follows_it():
+    rng = random.Random(3)
+    base = [100 * (1 + rng.gauss(0, 0.15)) for _ in range(80)]  # drift shared by the pair
+    slower = [b * 0.9 * (1 + rng.gauss(0, 0.02)) for b in base]
+    same = [b * (1 + rng.gauss(0, 0.02)) for b in base]
+    s = paired_stats.summarize_pairs(slower, base)
+    assert s["n"] == 80 and s["ci95"][0] < 0.9 < s["ci95"][1] and s["verdict"] == "slower"
+    s = paired_stats.summarize_pairs(same, base)
+    assert s["ci95"][0] < 1.0 < s["ci95"][1] and s["verdict"] == "no difference shown"
+    assert paired_stats.verdict(1.01, 1.2) == "faster"
+
+
+def test_unpaired_series_are_refused():
+    with pytest.raises(ValueError, match="unpaired"):
+        paired_stats.paired_ratios([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="two pairs"):
+        paired_stats.bootstrap_median_ci([1.0])
+
+
+def test_e2e_pairs_only_repeats_both_configurations_completed():
+    import e2e_bench
+
+    def res(reps, values):
+        return {k: e2e_bench.summarize(list(values), list(reps)) for k in e2e_bench.METRICS}
+
+    # "b" lost repeat 1 (an error): its repeat 2 must pair with the anchor's repeat 2.
+    results = {"native-L1off": res([0, 1, 2], [10.0, 20.0, 40.0]), "b": res([0, 2], [5.0, 20.0])}
+    paired = e2e_bench.paired_to_anchor(results)
+    assert paired["b"]["prefill_tok_s"]["n"] == 2
+    assert paired["b"]["prefill_tok_s"]["median"] == pytest.approx(0.5)
+    doc = {"results": results, "paired": paired, "greedy": {}, "start_errors": {}}
+    assert "0.500 [0.500-0.500]" in e2e_bench.table(doc)
