@@ -159,7 +159,9 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--eager-iters", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="two token counts only")
+    ap.add_argument("--ops", help="comma-separated subset of ops (default: all)")
     args = ap.parse_args(argv)
+    only = set(args.ops.split(",")) if args.ops else None
 
     backends, skipped = load_backends(args.backends.split(","))
     for name, why in skipped.items():
@@ -167,6 +169,8 @@ def main(argv=None):
     results = []
     t0 = time.time()
     for op, params in _cases(args.quick):
+        if only is not None and op not in only:
+            continue
         row = {"op": op, **params, "dtype": str(DTYPE).replace("torch.", "")}
         calls, graphs = {}, {}
         for name, backend in backends.items():

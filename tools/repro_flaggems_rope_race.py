@@ -13,11 +13,17 @@ Triton 3.6: 20-30 % of in-place calls wrong, 0 out of place. Wrong elements are
 ``x[d]*cos - y[p]*sin`` with the partner ``y[p]`` already overwritten by its rotated value: the
 kernel has no barrier between the warps that read a rotation partner and those that write it.
 Exit status 1 when an in-place call was wrong.
+
+``--timing`` instead measures what avoiding the race costs: in-place vs out-of-place + copy into
+q/k (sglang-fl's workaround), per call, eager and under a CUDA graph, interleaved, over several
+token counts; prints JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 
 import flag_gems
@@ -31,6 +37,68 @@ def rope_fp32(x, cos, sin, pos):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def timing(dtype, hd, q_heads, kv_heads, repeats=15, per_graph=20, eager_iters=50) -> dict:
+    """Per-call us of the in-place kernel vs the workaround (out of place + copy_)."""
+    dev, max_pos = "cuda", 4096
+    cos = torch.randn(max_pos, hd // 2, device=dev, dtype=dtype)
+    sin = torch.randn(max_pos, hd // 2, device=dev, dtype=dtype)
+    out = {}
+    for tokens in (1, 32, 256, 1024, 8192):
+        q = torch.randn(tokens, q_heads, hd, device=dev, dtype=dtype)
+        k = torch.randn(tokens, kv_heads, hd, device=dev, dtype=dtype)
+        pos = torch.randint(0, max_pos, (tokens,), device=dev)
+
+        def inplace(q=q, k=k, pos=pos):
+            flag_gems.apply_rotary_pos_emb(q, k, cos, sin, pos, rotary_interleaved=False,
+                                           inplace=True)
+
+        def workaround(q=q, k=k, pos=pos):
+            qo, ko = flag_gems.apply_rotary_pos_emb(q, k, cos, sin, pos, rotary_interleaved=False,
+                                                    inplace=False)
+            q.copy_(qo)
+            k.copy_(ko)
+
+        calls = {"inplace": inplace, "out_of_place_copy": workaround}
+        graphs = {}
+        for name, fn in calls.items():
+            for _ in range(3):
+                fn()  # compile / warm up outside the capture
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(per_graph):
+                    fn()
+            graphs[name] = g
+        res = {n: {"eager_us": [], "graph_us": []} for n in calls}
+        for rep in range(repeats):
+            for name in (list(calls) if rep % 2 == 0 else list(calls)[::-1]):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                for _ in range(eager_iters):
+                    calls[name]()
+                end.record()
+                torch.cuda.synchronize()
+                res[name]["eager_us"].append(start.elapsed_time(end) * 1e3 / eager_iters)
+                start.record()
+                graphs[name].replay()
+                end.record()
+                torch.cuda.synchronize()
+                res[name]["graph_us"].append(start.elapsed_time(end) * 1e3 / per_graph)
+        out[tokens] = {n: {m: statistics.median(v) for m, v in r.items()} for n, r in res.items()}
+        out[tokens]["graph_ratio_workaround_vs_inplace"] = statistics.median(
+            a / b for a, b in zip(res["out_of_place_copy"]["graph_us"], res["inplace"]["graph_us"],
+                                  strict=True))
+        out[tokens]["eager_ratio_workaround_vs_inplace"] = statistics.median(
+            a / b for a, b in zip(res["out_of_place_copy"]["eager_us"], res["inplace"]["eager_us"],
+                                  strict=True))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=300)
@@ -39,8 +107,12 @@ def main() -> int:
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--timing", action="store_true", help="measure the workaround's cost instead")
     args = ap.parse_args()
     dtype, dev, hd = getattr(torch, args.dtype), "cuda", args.head_size
+    if args.timing:
+        print(json.dumps(timing(dtype, hd, args.q_heads, args.kv_heads), indent=1))
+        return 0
     max_pos, half = 4096, hd // 2
     inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
     freqs = torch.outer(torch.arange(max_pos, device=dev).float(), inv_freq)
