@@ -7,8 +7,14 @@
 # Stages:
 #   install  pip-install wheels/gpu (but the sglang_fl wheel) + this checkout, into the python
 #            that holds torch; restores $JIT_CACHE_TGZ (a tarball of TVM_FFI_CACHE_DIR) if given
+#   flagcx   build FlagCX (a source tree at $FLAGCX_SRC, default wheels/flagcx: v0.13.0, made
+#            with `git archive`) against torch's NCCL wheel; sets FLAGCX_PATH for later stages
 #   jit      pre-build SGLang's JIT CUDA kernels in parallel (benchmarks/jit_prebuild.py)
-#   tests    pytest tests/gpu
+#   tests    pytest tests/gpu (FlagCX cases run when FLAGCX_PATH is set)
+#   repro    tools/repro_flaggems_rope_race.py: FlagGems' in-place RoPE race, and the cost of
+#            sglang-fl's out-of-place workaround -> $OUT/rope-repro.txt, $OUT/rope-timing.json
+#   emptymode  uninstall sglang-kernel and apache-tvm-ffi (empty mode), then
+#            tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own kernels uninstalled)
 #   ops      benchmarks/op_bench.py -> $OUT/ops.json
 #   model    make the random-weight Qwen2.5-0.5B-shaped checkpoint in $MODEL_DIR
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
@@ -50,6 +56,32 @@ import sgl_kernel, sgl_kernel.elementwise as e
 print("sgl_kernel", sgl_kernel.__file__, "flashinfer routing:", e._has_flashinfer,
       "stand-ins:", c.state.standins)
 EOF
+}
+
+stage_flagcx() {
+  local src=${FLAGCX_SRC:-wheels/flagcx} nccl
+  nccl=$("$PY" -c "import nvidia.nccl as m; print(list(m.__path__)[0])") || return 1
+  log "flagcx: build $src (NCCL $nccl)"
+  (cd "$src" && LIBRARY_PATH=/usr/local/cuda/lib64/stubs make -j16 USE_NVIDIA=1 \
+     CCL_HOME="$nccl" CCL_LINK=-l:libnccl.so.2) > "$OUT/flagcx-build.log" 2>&1 \
+    || { tail -n 30 "$OUT/flagcx-build.log"; return 1; }
+  FLAGCX_PATH=$(cd "$src" && pwd)
+  export FLAGCX_PATH
+  ls -la "$FLAGCX_PATH/build/lib/libflagcx.so"
+}
+
+stage_repro() {
+  log "FlagGems RoPE race reproducer"
+  timeout 120 "$PY" tools/repro_flaggems_rope_race.py --iters 300 2>&1 | tee "$OUT/rope-repro.txt"
+  timeout 120 "$PY" tools/repro_flaggems_rope_race.py --timing --dtype bfloat16 > "$OUT/rope-timing.json"
+  tail -n 40 "$OUT/rope-timing.json"
+}
+
+stage_emptymode() {
+  log "empty mode: uninstall sglang-kernel apache-tvm-ffi, then the served GPU test"
+  "$PY" -m pip uninstall -q -y sglang-kernel apache-tvm-ffi
+  timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q -s \
+    -p no:cacheprovider -o addopts="-rfEs" 2>&1 | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
 
 stage_jit() {
