@@ -4,7 +4,10 @@
 random-weight Qwen2, runs the unchanged ``python -m sglang.launch_server`` with sglang-fl
 loaded, sends one OpenAI-style chat completion, and prints the reply, which backend served each
 fused op (from the ``[OOT-DISPATCH]`` log) and the throughput. The server is always shut down,
-also on Ctrl-C; any failure exits non-zero with the server log tail.
+also on Ctrl-C. Exit status 0 means the chat worked and the server then stopped cleanly
+(SIGTERM, gone within the stop timeout; SGLang itself then exits with -9, see
+`sglang_fl.serving.StopResult`); any failure, including a server that died on its own or had to
+be SIGKILLed, exits non-zero with the reason.
 """
 
 from __future__ import annotations
@@ -164,6 +167,10 @@ def cmd_demo(args) -> int:
         return 130
     except (RuntimeError, KeyError, OSError) as exc:
         print(f"sglang-fl demo: request failed: {exc}\nserver log: {log_path}", file=sys.stderr)
+        return 1
+    if not srv.stop_result.clean:
+        print(f"sglang-fl demo: the server did not stop cleanly: {srv.stop_result.detail}\n"
+              f"server log: {log_path}", file=sys.stderr)
         return 1
     print("server stopped")
     return 0

@@ -12,6 +12,10 @@ Ctrl-C -- terminates the whole group, escalating to SIGKILL if it does not exit 
 The command is exactly what a user types; nothing is injected except ``--model-path``,
 ``--host`` and ``--port``. Whether sglang-fl is loaded is decided the usual way (installed
 entry points, ``SGLANG_PLUGINS``).
+
+A server lives as long as the process that launched it, whichever thread launched it: it gets
+SIGTERM when that process dies without cleaning up (see `_spawn`). `stop` returns a
+`StopResult` saying whether the stop was clean (also kept as ``Server.stop_result``).
 """
 
 from __future__ import annotations
@@ -19,16 +23,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +73,19 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+@dataclass(frozen=True)
+class StopResult:
+    """How a server ended. ``clean``: we stopped it with SIGTERM and it (with its whole process
+    group) was gone within the timeout. SGLang's launch_server ends a clean shutdown by
+    SIGKILLing its own process tree, so ``returncode`` is then -9, not 0: judge by ``clean``.
+    Not clean: it had died on its own before `stop`, exited with an error status, or had to be
+    SIGKILLed after the timeout."""
+
+    clean: bool
+    returncode: int | None
+    detail: str
+
+
 @dataclass
 class Server:
     """A running server: its address, log file and process."""
@@ -77,6 +97,7 @@ class Server:
     command: list[str]
     env: dict[str, str] = field(repr=False)
     start_seconds: float = 0.0
+    stop_result: StopResult | None = None  # set by launched_server once it stopped the server
 
     def request(self, method: str, path: str, payload: object | None = None,
                 timeout: float = 120.0) -> tuple[int, object]:
@@ -157,31 +178,95 @@ def launched_server(
     command = build_command(model_path, host, port, extra_args)
 
     with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=full_env, start_new_session=True,
-                                   preexec_fn=_term_when_parent_dies)
+        process = _spawn(command, stdout=log_file, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
     server = Server(f"http://{host}:{port}", port, log_path, process, command, full_env)
     try:
         server.start_seconds = _wait_healthy(server, timeout, progress)
         yield server
     finally:
         try:
-            stop(server, stop_timeout)
+            server.stop_result = stop(server, stop_timeout)
         except KeyboardInterrupt:  # a second Ctrl-C while stopping: no waiting, no leftovers
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             raise
 
 
-def _term_when_parent_dies() -> None:
-    """In the child before exec (Linux): SIGTERM it if the launching thread dies, so a launcher
-    killed without running its ``finally`` (SIGKILL, a CI timeout) still stops the server.
-    Consequence: launch from a thread that outlives the server (normally the main thread)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _spawn(command: list[str], **popen_kwargs) -> subprocess.Popen:
+    """``Popen`` from this process's spawner thread, with SIGTERM as parent-death signal (Linux).
 
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    The server runs in its own session, so nothing else stops it if this process is SIGKILLed
+    or killed by a CI timeout without running its ``finally``: PR_SET_PDEATHSIG does. But the
+    kernel sends that signal when the *thread* that forked the child exits, not the process.
+    Forking from the caller's thread would kill a server started from a worker thread (e.g. a
+    ThreadPoolExecutor) as soon as that thread ends; so every server is forked by one daemon
+    thread that lives exactly as long as the process (daemon: it never delays exit), and the
+    signal then means "the launching process died"."""
+    done: Future = Future()
+    _spawner_queue().put((done, command, popen_kwargs))
+    try:
+        return done.result()
+    except KeyboardInterrupt:  # nobody will own what the spawner is starting: kill it
+        done.add_done_callback(_kill_unowned)
+        raise
+
+
+def _kill_unowned(done: Future) -> None:
+    if done.exception() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(done.result().pid, signal.SIGKILL)
+
+
+_spawner_lock = threading.Lock()
+_spawner: queue.SimpleQueue | None = None
+
+
+def _spawner_queue() -> queue.SimpleQueue:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_spawn_forever, args=(jobs,), name="sglang-fl-spawner",
+                             daemon=True).start()
+            _spawner = jobs
+        return _spawner
+
+
+def _forget_spawner() -> None:  # a forked child has no spawner thread: it starts its own
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _spawn_forever(jobs: queue.SimpleQueue) -> None:
+    preexec = _term_when_parent_dies() if sys.platform.startswith("linux") else None
+    while True:
+        done, command, popen_kwargs = jobs.get()
+        try:
+            done.set_result(subprocess.Popen(command, preexec_fn=preexec, **popen_kwargs))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller, who raises it
+            done.set_exception(exc)
+
+
+def _term_when_parent_dies() -> Callable[[], None]:
+    """The child's pre-exec step: SIGTERM on the death of its parent (the spawner thread), and
+    at once if the parent already died between fork and prctl. libc is loaded here, in the
+    parent, so the forked child only makes two system calls."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    PR_SET_PDEATHSIG = 1
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _wait_healthy(server: Server, timeout: float, progress) -> float:
@@ -206,44 +291,75 @@ def _wait_healthy(server: Server, timeout: float, progress) -> float:
         time.sleep(0.5)
 
 
-def stop(server: Server, timeout: float = 30.0) -> int | None:
-    """Stop the server and everything it started.
+def stop(server: Server, timeout: float = 30.0) -> StopResult:
+    """Stop the server and everything it started; say whether that went cleanly.
 
     SIGTERM to launch_server first (SGLang drains requests and stops its own children), then
     SIGTERM and SIGKILL to whatever is left of its process group; if the drain does not finish
-    within ``timeout`` seconds, the whole group is killed at once.
+    within ``timeout`` seconds, the whole group is killed at once. See `StopResult` for what
+    counts as clean.
     """
     proc = server.process
     pgid = proc.pid  # started with start_new_session: it leads its own group, even once dead
-    graceful = True
-    if proc.poll() is None:
+    problems = []
+    if proc.poll() is not None:
+        problems.append(f"launch_server had already exited on its own (status {proc.returncode})")
+        exited = True
+    else:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=timeout)
+            exited = True
         except subprocess.TimeoutExpired:
-            graceful = False
-    # After a clean exit, leftovers get SIGTERM first; after a hung drain, no more waiting.
-    for sig in ((signal.SIGTERM, signal.SIGKILL) if graceful else (signal.SIGKILL,)):
+            exited = False
+            problems.append(f"launch_server did not exit within {timeout:.0f}s of SIGTERM; killed")
+        else:
+            # 0, or a signal status: our SIGTERM, or SGLang's SIGKILL of its own tree.
+            if proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+                problems.append(f"launch_server exited with status {proc.returncode} after SIGTERM")
+    # After an exit, SGLang's children get a moment to follow it, then leftovers get SIGTERM
+    # first; after a hung drain, no more waiting.
+    if exited:
+        _wait_group(pgid, 5.0)
+    for sig in ((signal.SIGTERM, signal.SIGKILL) if exited else (signal.SIGKILL,)):
         if not _group_alive(pgid):
             break
+        if exited:
+            problems.append(f"processes of its group were left; sent {sig.name}")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         _wait_group(pgid, 5.0)
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=10)
-    return proc.returncode
+    if problems:
+        return StopResult(False, proc.returncode, "; ".join(problems))
+    return StopResult(True, proc.returncode, "stopped by SIGTERM")
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in group ``pgid``. Zombies count as gone: they
+    have exited, and whether their new parent reaps them soon is not ours to wait for."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    if not sys.platform.startswith("linux"):
+        return True
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _wait_group(pgid: int, timeout: float) -> None:

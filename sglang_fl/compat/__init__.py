@@ -1,4 +1,5 @@
-"""Empty mode: what sglang-fl changes so SGLang imports and serves without its CUDA-only packages.
+"""The compat ledger: what sglang-fl changes so SGLang imports and serves without its CUDA-only
+packages (empty mode, entries 1-7), and the SGLang bugs it fixes on every install (``fix:``).
 
 This file is the ledger. Every patch sglang-fl applies to SGLang's environment is listed in
 `LEDGER`, one entry each, with why it exists, how it is done, its upstream status and when it
@@ -46,9 +47,19 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    RoPE impl always calls it out of place and copies into q/k (dispatch/backends/flaggems.py);
    reproducer tools/repro_flaggems_rope_race.py. Upstream: to be reported with the reproducer.
    Remove when a FlagGems release passes the reproducer and tests/gpu's repeated RoPE cases.
+10. ``fix:request_state_leak`` -- not empty mode but an SGLang 0.5.11 bug, fixed on every chip:
+   ``TokenizerManager.generate_request`` registers request states before validating, so a
+   request rejected before dispatch (``max_tokens=-1``, ``temperature=-1``, a prompt over the
+   context length) and every ``n > 1`` request (its un-expanded rids) leave states behind, and
+   the SIGTERM drain waits for them forever. How: wrap ``generate_request`` after the module
+   runs; when its generator ends, drop this request's states that were never dispatched
+   (`fixes`); dispatched ones stay, an abort still needs them (cf. sgl-project/sglang#34894).
+   Upstream: sgl-project/sglang#28694 (not in 0.5.11) cleans up on pre-dispatch failures; no
+   fix found for the ``n > 1`` states. Remove when the supported SGLang has both.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
-``.pth`` hook in `bootstrap`; see docs/empty-mode.md.
+``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
+before ``activate`` looks for missing packages, so they apply to full installs too.
 """
 
 from __future__ import annotations
@@ -123,6 +134,11 @@ LEDGER: tuple[Patch, ...] = (
           "flagos RoPE calls it out of place and copies into q/k; "
           "reproducer tools/repro_flaggems_rope_race.py", "to be reported with the reproducer",
           "a FlagGems release passes the reproducer and the repeated GPU RoPE tests"),
+    Patch("fix:request_state_leak", "TokenizerManager leaks the states of requests rejected "
+          "before dispatch and of n>1 requests; SGLang's SIGTERM drain then never ends",
+          "wrap generate_request after import: drop this request's undispatched states when it "
+          "ends", "sgl-project/sglang#28694 (pre-dispatch failures); none found for n>1",
+          "the supported SGLang frees both itself"),
 )
 
 # sgl_kernel modules that decide at import whether to call flashinfer (ledger entry 7).
@@ -227,10 +243,14 @@ def _keep_off_flashinfer(module) -> None:
 
 
 def activate() -> None:
-    """Enter empty mode for the packages that are missing; idempotent; see the ledger above."""
+    """Install the SGLang fixes, then enter empty mode for the packages that are missing;
+    idempotent; see the ledger above."""
     if state.active:
         return
     state.active = True
+    from sglang_fl.compat import fixes
+
+    fixes.install()  # SGLang bug fixes: every install, stand-ins or not
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]

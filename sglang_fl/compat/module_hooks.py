@@ -3,7 +3,8 @@
 `ModuleHookFinder` sits first on ``sys.meta_path`` but answers only for the module names that
 have hooks; it finds the real spec through the other finders and wraps its loader so that
 ``before(name)`` runs just before the module body and ``after(module)`` right after it, even when
-the body raises. Used by the native swaps and the scoped torchvision stand-in.
+the body raises. Used by the native swaps, the SGLang fixes and the scoped torchvision
+stand-in.
 """
 
 from __future__ import annotations

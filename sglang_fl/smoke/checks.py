@@ -238,6 +238,8 @@ def check_all(workdir: Path, timeout: float = 600.0, tp: int = 1,
             "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
         })
         log = srv.log_text()
+    if not srv.stop_result.clean:
+        raise SmokeFailure(f"the server did not stop cleanly: {srv.stop_result.detail}")
     tokens = (body.get("meta_info") or {}).get("completion_tokens")
     if not isinstance(body.get("text"), str) or tokens != 8:
         raise SmokeFailure(f"/generate answered {body!r}; expected text and 8 completion tokens")

@@ -38,10 +38,8 @@ def hermetic_env(tmp_path: Path, **overrides) -> dict:
 
 
 def serve(model, tmp_path: Path, timeout: float = 240, **env_overrides):
-    # stop_timeout: SGLang's graceful drain waits for every open request, and a rejected
-    # malformed request can stay registered (SGLang 0.5.11), so do not wait long for it.
     return launched_server(model, SERVER_ARGS, hermetic_env(tmp_path, **env_overrides),
-                           log_path=tmp_path / "server.log", timeout=timeout, stop_timeout=10)
+                           log_path=tmp_path / "server.log", timeout=timeout)
 
 
 def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:

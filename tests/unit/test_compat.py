@@ -286,3 +286,87 @@ def test_real_sgl_kernel_is_kept_off_the_flashinfer_standin(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "False"]
+
+
+def _tokenizer_manager_shell():
+    """A real TokenizerManager without its __init__ (no model, no ZMQ): just the attributes its
+    real ``_init_req_state`` reads."""
+    tm = pytest.importorskip("sglang.srt.managers.tokenizer_manager")
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.server_args import ServerArgs
+
+    manager = object.__new__(tm.TokenizerManager)
+    manager.server_args = ServerArgs(model_path="dummy")
+    manager.disaggregation_mode = DisaggregationMode.NULL
+    manager.rid_to_state = {}
+    return manager
+
+
+def _request(**fields):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text="hello", **fields)
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+def test_request_state_fix_drops_only_this_requests_undispatched_states():
+    from sglang_fl.compat.fixes import _drop_undispatched_states
+
+    manager = _tokenizer_manager_shell()
+    parallel = _request(sampling_params={"n": 2})  # expanded to 2 rids, as SGLang does
+    manager._init_req_state(parallel)
+    sent = _request()
+    manager._init_req_state(sent)
+    manager.rid_to_state[sent.rid].time_stats.set_api_server_dispatch_time()  # _send_one_request
+    tokenizing = _request(rid="same-rid")
+    manager._init_req_state(tokenizing)
+    duplicate = _request(rid="same-rid")
+    with pytest.raises(ValueError, match="Duplicate request ID"):
+        manager._init_req_state(duplicate)
+
+    for obj in (parallel, sent, duplicate):
+        _drop_undispatched_states(manager.rid_to_state, obj)
+    # The n=2 states are gone; the dispatched one waits for the scheduler; the duplicate's rid
+    # belongs to another request that is still being tokenized.
+    assert set(manager.rid_to_state) == {sent.rid, "same-rid"}
+    assert manager.rid_to_state["same-rid"].obj is tokenizing
+
+
+def test_request_state_fix_fails_loudly_when_its_target_is_gone():
+    import types
+
+    from sglang_fl.compat import fixes
+
+    pytest.importorskip("sglang")
+    with pytest.raises(RuntimeError, match=r"TokenizerManager\.generate_request.*compat/fixes\.py"):
+        fixes.fix_request_state_leak(types.ModuleType(fixes.TOKENIZER_MANAGER))
+
+
+def test_request_state_fix_wraps_sglangs_generate_request_once():
+    tm = pytest.importorskip("sglang.srt.managers.tokenizer_manager")
+    import inspect
+
+    from sglang_fl.compat import fixes
+
+    fixes.fix_request_state_leak(tm)  # already applied at import: a no-op
+    wrapped = tm.TokenizerManager.generate_request
+    assert getattr(wrapped, fixes.FIXED_MARK) is True
+    assert inspect.isasyncgenfunction(wrapped)
+    assert not getattr(wrapped.__wrapped__, fixes.FIXED_MARK, False)  # SGLang's own, once
+
+
+def test_fixes_are_installed_on_a_full_install_too():
+    """The fix: entries do not depend on empty mode: with every package present (simulated),
+    activate() stands nothing in but still hooks the fixes."""
+    code = (
+        "import sglang_fl.compat as c\n"
+        "c._absent = lambda name: False\n"
+        "c._broken = lambda name: False\n"
+        "c.activate()\n"
+        "from sglang_fl.compat import fixes, module_hooks\n"
+        "assert c.state.standins == (), c.state.standins\n"
+        "assert fixes.fix_request_state_leak in module_hooks._after[fixes.TOKENIZER_MANAGER]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

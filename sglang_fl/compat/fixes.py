@@ -1,0 +1,94 @@
+"""Fixes of SGLang bugs that no plugin API reaches, applied right after the SGLang module runs.
+
+Unlike the empty-mode entries of the ledger, these apply whether or not stand-ins are in use:
+they fix SGLang itself, on every chip. Each one checks that what it wraps still exists and
+raises, naming this file, when it does not, so a new SGLang version cannot drop it silently.
+
+``request_state_leak`` (SGLang 0.5.11): ``TokenizerManager.generate_request`` registers a
+request state per rid (``_init_req_state``) before it tokenizes and validates the request, and
+only the scheduler's answer removes a state. A request rejected before it reaches the scheduler
+(``max_new_tokens < 0``, ``temperature < 0``, a prompt over the context length, a duplicate rid)
+therefore leaves its states behind, and so does every ``n > 1`` request: the batch it is
+expanded to registers ``batch * n`` rids, of which ``_handle_batch_request`` removes ``batch``.
+SGLang's SIGTERM drain (``sigterm_watchdog``) waits for ``rid_to_state`` to empty, i.e. forever.
+The wrapper drops, when the request's generator ends, the states that this request registered
+and that were never dispatched to the scheduler (their ``api_server_dispatch_time`` is unset).
+A dispatched state is left alone: the scheduler's answer (or an abort) still needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+logger = logging.getLogger("sglang_fl.compat")
+
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager"
+FIXED_MARK = "__sglang_fl_fix__"
+
+applied: list[str] = []
+
+
+def _drop_undispatched_states(rid_to_state: dict, obj) -> None:
+    """Remove the states of ``obj``'s rids that belong to ``obj`` and never left this process."""
+    rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
+    # _init_req_state stores obj itself (one request) or obj[i], which obj caches (a batch).
+    # Matching by identity keeps another request's state with the same rid (a duplicate).
+    own = {id(obj), *(id(sub) for sub in vars(obj).get("_sub_obj_cache", {}).values())}
+    for rid in rids:
+        state = rid_to_state.get(rid)
+        if (state is not None and id(state.obj) in own
+                and not state.time_stats.api_server_dispatch_time):
+            del rid_to_state[rid]
+
+
+def _check_targets(module) -> type:
+    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
+
+    manager = getattr(module, "TokenizerManager", None)
+    missing = [name for name, ok in (
+        ("TokenizerManager.generate_request (async generator)",
+         manager is not None and inspect.isasyncgenfunction(getattr(manager, "generate_request", None))),
+        ("TokenizerManager._init_req_state", hasattr(manager, "_init_req_state")),
+        ("APIServerReqTimeStats.api_server_dispatch_time",
+         hasattr(APIServerReqTimeStats, "api_server_dispatch_time")),
+    ) if not ok]
+    if missing:
+        raise RuntimeError(
+            f"sglang-fl fix request_state_leak: {', '.join(missing)} no longer exists in this SGLang "
+            f"version; check whether the leak is fixed upstream and update sglang_fl/compat/fixes.py"
+        )
+    return manager
+
+
+def fix_request_state_leak(module) -> None:
+    """``after`` hook of sglang.srt.managers.tokenizer_manager (idempotent)."""
+    manager = _check_targets(module)
+    original = manager.generate_request
+    if getattr(original, FIXED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    async def generate_request(self, obj, request=None):
+        responses = original(self, obj, request)
+        try:
+            async for response in responses:
+                yield response
+        finally:
+            try:
+                await responses.aclose()
+            finally:
+                _drop_undispatched_states(self.rid_to_state, obj)
+
+    setattr(generate_request, FIXED_MARK, True)
+    manager.generate_request = generate_request
+    applied.append("request_state_leak")
+    logger.debug("fix: %s.TokenizerManager.generate_request drops undispatched request states",
+                 module.__name__)
+
+
+def install() -> None:
+    from sglang_fl.compat.module_hooks import add_hook
+
+    add_hook(TOKENIZER_MANAGER, after=fix_request_state_leak)
