@@ -2,7 +2,8 @@
 
 - ``sglang-fl config [--json]``: every setting, its value and where it came from.
 - ``sglang-fl ops [--json]``: per op, the impl chosen on this machine, the candidates in
-  order, and why every other registered impl or backend was skipped.
+  order, why every other registered impl or backend was skipped, and (``preferred_unavailable``)
+  the preferred kinds it had to pass over.
 Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
 """
 
@@ -58,10 +59,12 @@ def ops_report() -> dict:
         entry = {
             "order": list(manager.policy.kinds_for(op)),
             "candidates": [i.impl_id for i in sel.candidates],
-            "skipped": [{"impl": i, "why": why} for i, why in sel.excluded],
+            "skipped": [{"impl": name, "why": why} for name, _, why in manager.skipped(op, sel)],
         }
         try:
-            entry["chosen"] = manager.resolve(op).impl.label
+            resolved = manager.resolve(op)
+            entry["chosen"] = resolved.impl.label
+            entry["preferred_unavailable"] = [{"kind": k, "why": why} for k, why in resolved.passed_over]
         except NoImplementationError as exc:
             entry["chosen"] = None
             entry["error"] = str(exc)
@@ -86,6 +89,9 @@ def cmd_ops(args) -> int:
         print(f"  {'':<17} candidates: {', '.join(e['candidates']) or '-'}")
         for s in e["skipped"]:
             print(f"  {'':<17} skipped {s['impl']}: {s['why']}")
+        if e.get("preferred_unavailable"):
+            kinds = ", ".join(p["kind"] for p in e["preferred_unavailable"])
+            print(f"  {'':<17} NOTE: no {kinds} impl here (see skipped): using {e['chosen']}")
         if e.get("error"):
             ok = False
             print(f"  {'':<17} ERROR: {e['error']}")

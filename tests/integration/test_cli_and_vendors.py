@@ -57,6 +57,22 @@ def test_ops_json_on_this_cpu_explains_every_choice():
         assert data["ops"][op]["chosen"] == "reference(reference)"
 
 
+def test_ops_says_per_op_why_the_preferred_kind_was_not_used():
+    proc = cli("ops", "--json", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"})
+    assert proc.returncode == 0, proc.stderr
+    for op, entry in json.loads(proc.stdout)["ops"].items():
+        assert entry["chosen"] == "reference(reference)"
+        skipped = {s["impl"]: s["why"] for s in entry["skipped"]}
+        assert skipped["vendor.cuda"] == "no CUDA device", op
+        assert skipped["vendor.ascend"] == "torch_npu is not installed"
+        assert skipped["flagos"].startswith("import flag_gems failed")
+        assert [p["kind"] for p in entry["preferred_unavailable"]] == ["vendor", "flagos"]
+        assert "vendor.cuda: no CUDA device" in entry["preferred_unavailable"][0]["why"]
+    text = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"}).stdout
+    assert "skipped vendor.cuda: no CUDA device" in text
+    assert "NOTE: no vendor, flagos impl here (see skipped): using reference(reference)" in text
+
+
 def test_ops_reports_no_available_implementation_and_fails():
     proc = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "flagos",
                            "SGLANG_FL_STRICT": "1"})
