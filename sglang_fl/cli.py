@@ -5,6 +5,7 @@
   order, why every other registered impl or backend was skipped, and (``preferred_unavailable``)
   the preferred kinds it had to pass over.
 Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
+Every subcommand stops quietly when its stdout is closed early (``| head``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import signal
 import sys
 
 from sglang_fl.config import FIELDS, OP_NAMES, SettingsError, get_settings
@@ -119,12 +122,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except SettingsError as exc:
         print(f"sglang-fl: invalid configuration: {exc}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``sglang-fl config --json | head -1``): stop quietly
+    with the status a tool killed by SIGPIPE has (128 + 13), as ``cat`` or ``grep`` would.
+    Point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (e.g. replaced by a test harness)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
