@@ -2,8 +2,10 @@
 
 - ``sglang-fl config [--json]``: every setting, its value and where it came from.
 - ``sglang-fl ops [--json]``: per op, the impl chosen on this machine, the candidates in
-  order, and why every other registered impl or backend was skipped.
+  order, why every other registered impl or backend was skipped, and (``preferred_unavailable``)
+  the preferred kinds it had to pass over.
 Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
+Every subcommand stops quietly when its stdout is closed early (``| head``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import signal
 import sys
 
 from sglang_fl.config import FIELDS, OP_NAMES, SettingsError, get_settings
@@ -58,10 +62,12 @@ def ops_report() -> dict:
         entry = {
             "order": list(manager.policy.kinds_for(op)),
             "candidates": [i.impl_id for i in sel.candidates],
-            "skipped": [{"impl": i, "why": why} for i, why in sel.excluded],
+            "skipped": [{"impl": name, "why": why} for name, _, why in manager.skipped(op, sel)],
         }
         try:
-            entry["chosen"] = manager.resolve(op).impl.label
+            resolved = manager.resolve(op)
+            entry["chosen"] = resolved.impl.label
+            entry["preferred_unavailable"] = [{"kind": k, "why": why} for k, why in resolved.passed_over]
         except NoImplementationError as exc:
             entry["chosen"] = None
             entry["error"] = str(exc)
@@ -86,6 +92,9 @@ def cmd_ops(args) -> int:
         print(f"  {'':<17} candidates: {', '.join(e['candidates']) or '-'}")
         for s in e["skipped"]:
             print(f"  {'':<17} skipped {s['impl']}: {s['why']}")
+        if e.get("preferred_unavailable"):
+            kinds = ", ".join(p["kind"] for p in e["preferred_unavailable"])
+            print(f"  {'':<17} NOTE: no {kinds} impl here (see skipped): using {e['chosen']}")
         if e.get("error"):
             ok = False
             print(f"  {'':<17} ERROR: {e['error']}")
@@ -113,12 +122,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except SettingsError as exc:
         print(f"sglang-fl: invalid configuration: {exc}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``sglang-fl config --json | head -1``): stop quietly
+    with the status a tool killed by SIGPIPE has (128 + 13), as ``cat`` or ``grep`` would.
+    Point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (e.g. replaced by a test harness)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Order matters: Settings first (a bad value must stop start-up with its message rather than be
 logged and ignored by SGLang's plugin loader), then Layer 1, then the hooks of Layers 2 and 3,
-which SGLang applies right after all plugins ran.
+which SGLang applies right after all plugins ran. Layer 2 resolves every routed op here, so an
+op that no backend can serve under the policy (e.g. ``SGLANG_FL_STRICT=1`` with an unavailable
+preferred kind) stops start-up too, with every such op in one message.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ _installed = False
 
 
 class ConfigurationExit(SystemExit):
-    """Raised for a bad configuration. A SystemExit, because SGLang's plugin loader catches
-    and merely logs ordinary exceptions, which would start the server without the plugin."""
+    """Raised for a bad configuration, or one that no backend here can serve. A SystemExit,
+    because SGLang's plugin loader catches and merely logs ordinary exceptions, which would
+    start the server without the plugin."""
 
 
 def install() -> None:
@@ -41,10 +44,16 @@ def install() -> None:
     enable_layer1(settings)
 
     if settings.oot_enabled:
-        from sglang_fl.dispatch import get_manager
+        from sglang_fl.dispatch import NoImplementationError, get_manager
         from sglang_fl.sglang_glue.layer_hook import LayerRouter, register_layer_hook
 
-        register_layer_hook(LayerRouter(settings, get_manager()))
+        router = LayerRouter(settings, get_manager())
+        try:
+            router.resolve_routed_ops()
+        except NoImplementationError as exc:
+            logger.error("%s", exc)
+            raise ConfigurationExit(f"sglang-fl: {exc}") from exc
+        register_layer_hook(router)
     else:
         logger.info("Layer 2 (fused ops) disabled: SGLANG_FL_OOT_ENABLED=0")
 

@@ -1,9 +1,11 @@
 """OpManager: discovers backends once, resolves each op once, and handles run-time fallback.
 
 Resolution (policy over registered impls) happens the first time an op is asked for and is
-cached; callers bind ``ResolvedOp.impl.fn`` and call it directly. Only when an impl raises does
-``ResolvedOp.fallback`` run: it logs one warning and moves to the next candidate (or re-raises
-in strict mode).
+cached; callers bind ``ResolvedOp.impl.fn`` and call it directly. ``resolve_all`` does it for
+every op a host framework will route, at start-up: it logs each op that could not get its
+preferred backend kind, and fails once, naming every op that has no implementation at all.
+Only when an impl raises does ``ResolvedOp.fallback`` run: it logs one warning and moves to the
+next candidate (or re-raises in strict mode).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class ResolvedOp:
     candidates: list[OpImpl]
     excluded: tuple[tuple[str, str], ...]
     strict: bool
+    #: (kind, why) for each kind of the op's order before the chosen impl's that had no candidate.
+    passed_over: tuple[tuple[str, str], ...] = ()
     failed: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -107,21 +111,67 @@ class OpManager:
         sel = self.selection(op_name)
         if not sel.candidates:
             raise NoImplementationError(self.explain_missing(op_name, sel))
-        return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict)
+        chosen_kind = sel.candidates[0].kind.value
+        order = self.policy.accepted_kinds(op_name)
+        passed_over = tuple((k, self.why_no_candidate(op_name, k, sel))
+                            for k in order[:order.index(chosen_kind)])
+        return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict,
+                          passed_over=passed_over)
+
+    def resolve_all(self, op_names) -> dict[str, ResolvedOp]:
+        """Resolve every op in ``op_names`` (start-up): log, once, each op that runs on a later
+        kind than its first because that kind has no implementation here, and raise one
+        NoImplementationError naming every op that has no implementation at all."""
+        op_names = tuple(op_names)
+        resolved: dict[str, ResolvedOp] = {}
+        missing: list[NoImplementationError] = []
+        for op in op_names:
+            try:
+                resolved[op] = self.resolve(op)
+            except NoImplementationError as exc:
+                missing.append(exc)
+        if len(missing) == 1:
+            raise missing[0]
+        if missing:
+            names = [op for op in op_names if op not in resolved]
+            strict = (" (SGLANG_FL_STRICT=1: each op accepts only the first kind of its order)"
+                      if self.policy.strict else "")
+            raise NoImplementationError(
+                f"No available implementation for ops {', '.join(map(repr, names))}{strict}:\n"
+                + "\n".join(f"  {op}: {self._missing_detail(op, self.selection(op))}"
+                            for op in names))
+        for r in resolved.values():
+            if r.passed_over:
+                logger.warning("%s", describe_passed_over(r))
+        return resolved
+
+    def skipped(self, op_name: str, sel: Selection | None = None) -> list[tuple[str, str, str]]:
+        """(impl or backend, kind, why) for everything of an accepted kind that is not a
+        candidate for ``op_name``, and for registered impls the policy excluded."""
+        sel = self.selection(op_name) if sel is None else sel
+        kinds = self.policy.accepted_kinds(op_name)
+        by_id = {i.impl_id: i for i in self.registry.impls(op_name)}
+        out = [(i, by_id[i].kind.value, why) for i, why in sel.excluded]
+        for b in self.backends.values():
+            if b.kind not in kinds or op_name in b.ops:
+                continue
+            out.append((b.name, b.kind, b.reason if not b.available else f"implements no {op_name}"))
+        return out
+
+    def why_no_candidate(self, op_name: str, kind: str, sel: Selection | None = None) -> str:
+        """Why ``op_name`` has no candidate of ``kind`` here."""
+        why = [f"{name}: {reason}" for name, k, reason in self.skipped(op_name, sel) if k == kind]
+        return "; ".join(why) or f"no {kind} backend found"
 
     def explain_missing(self, op_name: str, sel: Selection) -> str:
+        return f"No available implementation for op {op_name!r}: {self._missing_detail(op_name, sel)}"
+
+    def _missing_detail(self, op_name: str, sel: Selection) -> str:
+        kinds = self.policy.accepted_kinds(op_name)
+        strict = " (strict)" if self.policy.strict else ""
+        why = "; ".join(f"no {k}: {self.why_no_candidate(op_name, k, sel)}" for k in kinds)
         registered = [i.impl_id for i in self.registry.impls(op_name)] or ["none"]
-        excluded = [f"{i} ({why})" for i, why in sel.excluded] or ["none"]
-        unavailable = [f"{b.name}: {b.reason}" for b in self.backends.values() if not b.available]
-        kinds = list(self.policy.kinds_for(op_name))
-        if self.policy.strict:
-            kinds = kinds[:1]
-        return (
-            f"No available implementation for op {op_name!r} (backend order {kinds}"
-            f"{', strict' if self.policy.strict else ''}); registered: {', '.join(registered)}; "
-            f"excluded by policy: {', '.join(excluded)}; unavailable backends: "
-            f"{', '.join(unavailable) or 'none'}"
-        )
+        return f"accepts {'|'.join(kinds)}{strict}; {why}; registered: {', '.join(registered)}"
 
     def call(self, op_name: str, obj, *args, **kwargs):
         resolved = self.resolve(op_name)
@@ -139,6 +189,12 @@ class OpManager:
         self._lock = threading.RLock()
         for r in self._resolved.values():
             r._lock = threading.Lock()
+
+
+def describe_passed_over(resolved: ResolvedOp) -> str:
+    """``rms_norm: preferred vendor unavailable (...); using reference(reference)``."""
+    kinds = [f"{kind} unavailable ({why})" for kind, why in resolved.passed_over]
+    return f"{resolved.op_name}: preferred {', '.join(kinds)}; using {resolved.impl.label}"
 
 
 _manager: OpManager | None = None

@@ -36,9 +36,14 @@ class SelectionPolicy:
     def kinds_for(self, op_name: str) -> tuple[str, ...]:
         return self.op_backends.get(op_name, self.default_order)
 
+    def accepted_kinds(self, op_name: str) -> tuple[str, ...]:
+        """The kinds ``op_name`` may run on: its order, or only the first kind in strict mode."""
+        order = self.kinds_for(op_name)
+        return order[:1] if self.strict else order
+
     def select(self, op_name: str, impls: tuple[OpImpl, ...]) -> Selection:
         order = self.kinds_for(op_name)
-        kinds = order[:1] if self.strict else order
+        kinds = self.accepted_kinds(op_name)
         excluded: list[tuple[str, str]] = []
         allowed: list[OpImpl] = []
         for impl in impls:

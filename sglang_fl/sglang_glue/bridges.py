@@ -81,17 +81,16 @@ def bind_rms_norm(layer, slot: ImplSlot, native):
         return native
 
     def forward(x, residual=None, post_residual_addition=None):
-        if residual is None:
+        if residual is None:  # forward_native ignores post_residual_addition without a residual
             try:
                 return slot.fn(layer, x)
             except Exception as exc:  # noqa: BLE001
                 return slot.call_after_failure(exc, layer, x)
-        if post_residual_addition is not None:
-            residual = residual + post_residual_addition
+        # The impl adds post_residual_addition itself: RMSNorm sums all three in fp32.
         try:
-            return slot.fn(layer, x, residual)
+            return slot.fn(layer, x, residual, post_residual_addition)
         except Exception as exc:  # noqa: BLE001
-            return slot.call_after_failure(exc, layer, x, residual)
+            return slot.call_after_failure(exc, layer, x, residual, post_residual_addition)
 
     return forward
 

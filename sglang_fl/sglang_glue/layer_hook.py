@@ -31,6 +31,17 @@ class LayerRouter:
         self.manager = manager
         self._routes = [(pkgutil.resolve_name(r.class_path), r) for r in sglang_version.LAYER_ROUTES]
 
+    def routed_ops(self) -> tuple[str, ...]:
+        """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied)."""
+        return tuple(dict.fromkeys(route.op_name for _, route in self._routes
+                                   if self.settings.routes_class((route.class_name,))))
+
+    def resolve_routed_ops(self) -> None:
+        """Resolve every routed op now, at plugin load, so a configuration that cannot be met
+        fails before SGLang builds a model (naming every op at once) and each op that misses its
+        preferred backend kind is logged once, instead of being found layer by layer."""
+        self.manager.resolve_all(self.routed_ops())
+
     @functools.cache  # noqa: B019 - one router per process, classes are few
     def route_for(self, cls: type):
         for base, route in self._routes:

@@ -40,34 +40,38 @@ def _randn(*shape, dtype, seed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
     layer = make_rms_norm(hidden, dtype)
     x = _randn(tokens, hidden, dtype=dtype, seed=1)
-    if not residual:
+    if residual == "plain":
         assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=2)
-    out, res = backend.rms_norm(layer, x.clone(), r.clone())
-    ref_out, ref_res = reference.rms_norm(layer, x.clone(), r.clone())
+    post = _randn(tokens, hidden, dtype=dtype, seed=9) if residual == "post" else None
+    out, res = backend.rms_norm(layer, x.clone(), r.clone(), post)
+    ref_out, ref_res = reference.rms_norm(layer, x.clone(), r.clone(), post)
+    if post is not None:  # x + residual + post summed in fp32 and rounded once, as forward_native
+        assert torch.equal(res, ref_res), "residual with post_residual_addition"
     assert_close(res, ref_res, "residual")
     assert_close(out, ref_out, "out")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens", (1, 128, 8192))
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
     hidden = 2304  # Gemma-2-2B
     layer = make_rms_norm(hidden, dtype, gemma=True)
     x = _randn(tokens, hidden, dtype=dtype, seed=3)
-    if not residual:
+    if residual == "plain":
         got = backend.gemma_rms_norm(layer, x.clone())
         assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=4)
-    out, res = backend.gemma_rms_norm(layer, x.clone(), r.clone())
-    ref_out, ref_res = reference.gemma_rms_norm(layer, x.clone(), r.clone())
+    post = _randn(tokens, hidden, dtype=dtype, seed=10) if residual == "post" else None
+    out, res = backend.gemma_rms_norm(layer, x.clone(), r.clone(), post)
+    ref_out, ref_res = reference.gemma_rms_norm(layer, x.clone(), r.clone(), post)
     assert_close(res, ref_res, "residual")
     assert_close(out, ref_out, "out")
 

@@ -57,6 +57,44 @@ def test_ops_json_on_this_cpu_explains_every_choice():
         assert data["ops"][op]["chosen"] == "reference(reference)"
 
 
+def test_ops_says_per_op_why_the_preferred_kind_was_not_used():
+    proc = cli("ops", "--json", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"})
+    assert proc.returncode == 0, proc.stderr
+    for op, entry in json.loads(proc.stdout)["ops"].items():
+        assert entry["chosen"] == "reference(reference)"
+        skipped = {s["impl"]: s["why"] for s in entry["skipped"]}
+        assert skipped["vendor.cuda"] == "no CUDA device", op
+        assert skipped["vendor.ascend"] == "torch_npu is not installed"
+        assert skipped["flagos"].startswith("import flag_gems failed")
+        assert [p["kind"] for p in entry["preferred_unavailable"]] == ["vendor", "flagos"]
+        assert "vendor.cuda: no CUDA device" in entry["preferred_unavailable"][0]["why"]
+    text = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"}).stdout
+    assert "skipped vendor.cuda: no CUDA device" in text
+    assert "NOTE: no vendor, flagos impl here (see skipped): using reference(reference)" in text
+
+
+@pytest.mark.parametrize("args", [("config", "--json"), ("ops",)])
+def test_closed_stdout_pipe_ends_quietly(args):
+    """``sglang-fl config --json | head -1``: the reader goes away before we write. Closing our
+    end of a real pipe before the child prints makes that deterministic."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    env["SGLANG_FL_PLATFORM"] = "cpu"
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_fl.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr  # 128 + SIGPIPE, as `yes | head -1` gives
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception" not in stderr
+
+
+def test_closed_stdout_pipe_through_a_shell_pipeline():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    proc = subprocess.run(f"'{sys.executable}' -m sglang_fl.cli config --json | head -1",
+                          shell=True, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "{\n"
+    assert proc.stderr == ""
+
+
 def test_ops_reports_no_available_implementation_and_fails():
     proc = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "flagos",
                            "SGLANG_FL_STRICT": "1"})

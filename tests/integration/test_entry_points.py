@@ -45,7 +45,9 @@ def test_entry_points_are_declared_as_in_the_contract():
 
 def test_plugin_routes_layers_and_writes_the_dispatch_log(tmp_path):
     log = tmp_path / "dispatch.log"
-    res = result_of(run_python(BUILD_LAYERS, {"SGLANG_FL_DISPATCH_LOG": str(log)}))
+    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_DISPATCH_LOG": str(log)})
+    res = result_of(proc)
+    assert "WARNING" not in proc.stderr  # cpu.yaml prefers reference: nothing was passed over
     for cls in ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding"):
         assert res[cls] == "sglang_fl.sglang_glue.layer_hook", res
     assert res["rms_ok"]
@@ -86,10 +88,45 @@ def test_bad_configuration_stops_start_up_with_the_message():
     assert "SGLANG_FL_PREFER='gpu'" in proc.stderr and "flagos, vendor, reference" in proc.stderr
 
 
-def test_strict_with_unavailable_backend_fails_naming_the_op():
-    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_STRICT": "1", "SGLANG_FL_PREFER": "flagos"})
+LOAD_ONLY = r"""
+from sglang.srt.plugins import load_plugins
+load_plugins()
+print("RESULT{}")
+"""
+
+
+def test_strict_with_unavailable_backend_fails_at_plugin_load_naming_every_op():
+    proc = run_python(LOAD_ONLY, {"SGLANG_FL_STRICT": "1", "SGLANG_FL_PREFER": "flagos",
+                                  "SGLANG_FL_PLATFORM": "cpu"})
+    assert proc.returncode != 0 and "RESULT" not in proc.stdout  # before any model is built
+    assert ("sglang-fl: No available implementation for ops 'silu_and_mul', 'rms_norm', "
+            "'gemma_rms_norm', 'rotary_embedding' (SGLANG_FL_STRICT=1") in proc.stderr
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
+        assert f"  {op}: accepts flagos (strict); no flagos: flagos: import flag_gems failed" in \
+            proc.stderr
+        assert "; registered: reference" in proc.stderr
+    assert "Traceback" not in proc.stderr  # one message, not a stack from deep in model building
+
+
+def test_strict_only_checks_the_routed_ops():
+    proc = run_python(LOAD_ONLY, {"SGLANG_FL_STRICT": "1", "SGLANG_FL_PREFER": "flagos",
+                                  "SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_OOT_WHITELIST": "RMSNorm"})
     assert proc.returncode != 0
-    assert "No available implementation for op 'silu_and_mul'" in proc.stderr
+    assert "No available implementation for op 'rms_norm': accepts flagos (strict)" in proc.stderr
+    assert "silu_and_mul" not in proc.stderr and "rotary_embedding" not in proc.stderr
+
+
+def test_preferred_kind_unavailable_is_logged_once_per_op_at_plugin_load():
+    proc = run_python(BUILD_LAYERS, {"SGLANG_FL_PREFER": "vendor", "SGLANG_FL_PLATFORM": "cpu"})
+    result_of(proc)
+    lines = [ln for ln in proc.stderr.splitlines() if "preferred vendor unavailable" in ln]
+    assert [ln.split("] ", 1)[1].split(":", 1)[0] for ln in lines] == [
+        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"]  # once, not per layer
+    for ln in lines:
+        assert ln.startswith("[sglang-fl WARNING]")
+        assert "vendor.cuda: no CUDA device" in ln and "torch_npu is not installed" in ln
+        assert "flagos unavailable (flagos: import flag_gems failed" in ln
+        assert ln.endswith("; using reference(reference)")
 
 
 def test_denying_every_backend_reports_no_available_implementation():

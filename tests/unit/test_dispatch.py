@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from sglang_fl.config import build_settings
-from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.dispatch.manager import BackendStatus, OpManager
 from sglang_fl.dispatch.policy import SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, NoImplementationError, OpImpl
@@ -87,6 +87,68 @@ def test_strict_with_unavailable_preferred_backend_errors():
     m = manager_for({"SGLANG_FL_STRICT": "1"}, [IMPLS[3]])  # flagos preferred, only reference
     with pytest.raises(NoImplementationError, match="strict"):
         m.resolve("rms_norm")
+
+
+def manager_without_vendors(env, ops=("rms_norm", "silu_and_mul")):
+    """Only reference impls registered; the other backends recorded as discovery would on a
+    host without them (one vendor present but lacking silu_and_mul)."""
+    m = manager_for(env, [OpImpl(op, "reference", "reference", tagged("reference")) for op in ops]
+                    + [OpImpl("rms_norm", "vendor.acme", "vendor", tagged("acme"), vendor="acme")])
+    m.record_backend(BackendStatus("reference", "reference", True, "built-in", ops))
+    m.record_backend(BackendStatus("flagos", "flagos", False, "import flag_gems failed: no GPU"))
+    m.record_backend(BackendStatus("vendor.cuda", "vendor", False, "no CUDA device"))
+    m.record_backend(BackendStatus("vendor.acme", "vendor", True, "entry point", ("rms_norm",)))
+    return m
+
+
+def test_skipped_names_every_backend_of_an_accepted_kind_and_why():
+    m = manager_without_vendors({"SGLANG_FL_PREFER": "vendor", "SGLANG_FL_DENY_VENDORS": "acme"})
+    assert m.skipped("rms_norm") == [
+        ("vendor.acme", "vendor", "vendor 'acme' in SGLANG_FL_DENY_VENDORS"),
+        ("flagos", "flagos", "import flag_gems failed: no GPU"),
+        ("vendor.cuda", "vendor", "no CUDA device"),
+    ]
+    assert ("vendor.acme", "vendor", "implements no silu_and_mul") in m.skipped("silu_and_mul")
+
+
+def test_resolve_all_logs_each_op_that_missed_its_preferred_kind_once(caplog):
+    m = manager_without_vendors({"SGLANG_FL_PREFER": "vendor"})
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch"):
+        resolved = m.resolve_all(["rms_norm", "silu_and_mul"])
+        m.resolve("rms_norm")  # later look-ups (one per layer) log nothing
+    assert resolved["rms_norm"].impl.impl_id == "vendor.acme"
+    assert resolved["rms_norm"].passed_over == ()
+    assert resolved["silu_and_mul"].passed_over == (
+        ("vendor", "vendor.cuda: no CUDA device; vendor.acme: implements no silu_and_mul"),
+        ("flagos", "flagos: import flag_gems failed: no GPU"),
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "silu_and_mul: preferred vendor unavailable (vendor.cuda: no CUDA device; vendor.acme: "
+        "implements no silu_and_mul), flagos unavailable (flagos: import flag_gems failed: "
+        "no GPU); using reference(reference)"]
+
+
+def test_resolve_all_names_every_op_without_an_implementation_in_one_error():
+    m = manager_without_vendors({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_STRICT": "1"})
+    with pytest.raises(NoImplementationError) as err:
+        m.resolve_all(["rms_norm", "silu_and_mul"])
+    msg = str(err.value)
+    assert msg.startswith("No available implementation for ops 'rms_norm', 'silu_and_mul' "
+                          "(SGLANG_FL_STRICT=1")
+    for op, registered in (("rms_norm", "reference, vendor.acme"), ("silu_and_mul", "reference")):
+        assert (f"\n  {op}: accepts flagos (strict); no flagos: flagos: import flag_gems failed: "
+                f"no GPU; registered: {registered}") in msg
+
+
+def test_resolve_all_with_one_op_missing_raises_that_ops_own_message():
+    m = manager_without_vendors({"SGLANG_FL_PER_OP": "silu_and_mul=vendor"})
+    with pytest.raises(NoImplementationError) as err:
+        m.resolve_all(["rms_norm", "silu_and_mul"])
+    assert str(err.value) == (
+        "No available implementation for op 'silu_and_mul': accepts vendor; no vendor: "
+        "vendor.cuda: no CUDA device; vendor.acme: implements no silu_and_mul; "
+        "registered: reference")
 
 
 def test_fallback_logs_once_and_uses_next_candidate(caplog):

@@ -27,16 +27,23 @@ class FlagGemsBackend(Backend):
         d = x.shape[-1] // 2
         return self._gems.silu_and_mul(x[..., :d], x[..., d:])
 
-    def rms_norm(self, obj, x, residual=None):
+    def rms_norm(self, obj, x, residual=None, post_residual_addition=None):
+        shape, weight, eps = [x.shape[-1]], obj.weight, obj.variance_epsilon
         if residual is None:
-            return self._gems.rms_norm(x, [x.shape[-1]], obj.weight, obj.variance_epsilon)
-        return self._gems.fused_add_rms_norm(x, residual, [x.shape[-1]], obj.weight, obj.variance_epsilon)
+            return self._gems.rms_norm(x, shape, weight, eps)
+        if post_residual_addition is None:  # the kernel adds x + residual in fp32 itself
+            return self._gems.fused_add_rms_norm(x, residual, shape, weight, eps)
+        total, rest = self.residual_sum_parts(x, residual, post_residual_addition)
+        out, _ = self._gems.fused_add_rms_norm(rest, total.clone(), shape, weight, eps)
+        return out, total
 
-    def gemma_rms_norm(self, obj, x, residual=None):
+    def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         # SGLang keeps ``gemma_weight = weight + 1`` up to date on weight load.
         weight = obj.gemma_weight
         if residual is None:
             return self._gems.rms_norm(x, [x.shape[-1]], weight, obj.variance_epsilon)
+        if post_residual_addition is not None:  # in x's dtype, as GemmaRMSNorm.forward_native
+            residual = residual + post_residual_addition
         return self._gems.fused_add_rms_norm(x, residual, [x.shape[-1]], weight, obj.variance_epsilon)
 
     def rotary_embedding(self, obj, query, key, cos, sin, position_ids,

@@ -24,20 +24,26 @@ class ReferenceBackend(Backend):
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
-    def rms_norm(self, obj, x, residual=None):
+    def rms_norm(self, obj, x, residual=None, post_residual_addition=None):
+        if not x.is_contiguous():  # as forward_native: the reduction order follows the layout
+            x = x.contiguous()
         orig_dtype = x.dtype
         x = x.to(torch.float32)
         if residual is not None:
             x = x + residual.to(torch.float32)
+            if post_residual_addition is not None:
+                x = x + post_residual_addition.to(torch.float32)
             residual = x.to(orig_dtype)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         x = x * torch.rsqrt(variance + obj.variance_epsilon)
         x = (x * obj.weight).to(orig_dtype)
         return x if residual is None else (x, residual)
 
-    def gemma_rms_norm(self, obj, x, residual=None):
+    def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         orig_dtype = x.dtype
         if residual is not None:
+            if post_residual_addition is not None:
+                residual = residual + post_residual_addition
             x = x + residual
             residual = x
         x = x.float()

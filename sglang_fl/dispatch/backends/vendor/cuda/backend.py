@@ -32,16 +32,22 @@ class CudaBackend(Backend):
         self._sk.silu_and_mul(x, out)
         return out
 
-    def rms_norm(self, obj, x, residual=None):
+    def rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         if residual is not None:
+            if post_residual_addition is not None:  # the kernel adds only two inputs (in fp32)
+                total, x = self.residual_sum_parts(x, residual, post_residual_addition)
+                self._sk.fused_add_rmsnorm(x, total.clone(), obj.weight.data, obj.variance_epsilon)
+                return x, total
             self._sk.fused_add_rmsnorm(x, residual, obj.weight.data, obj.variance_epsilon)
             return x, residual
         shape = x.shape
         out = self._sk.rmsnorm(x.reshape(-1, shape[-1]), obj.weight.data, obj.variance_epsilon)
         return out.reshape(shape)
 
-    def gemma_rms_norm(self, obj, x, residual=None):
+    def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         if residual is not None:
+            if post_residual_addition is not None:  # in x's dtype, as GemmaRMSNorm.forward_native
+                residual = residual + post_residual_addition
             self._sk.gemma_fused_add_rmsnorm(x, residual, obj.weight.data, obj.variance_epsilon)
             return x, residual
         shape = x.shape

@@ -25,11 +25,16 @@ class MusaBackend(Backend):
     def silu_and_mul(self, obj, x):
         return self._swiglu(x)
 
-    def rms_norm(self, obj, x, residual=None):
+    def rms_norm(self, obj, x, residual=None, post_residual_addition=None):
+        import torch
         import torch.nn.functional as F
 
-        if residual is not None:
-            x = x + residual
-            residual = x
-        out = F.rms_norm(x, (x.shape[-1],), obj.weight.data, obj.variance_epsilon)
-        return out if residual is None else (out, residual)
+        if residual is None:
+            return F.rms_norm(x, (x.shape[-1],), obj.weight.data, obj.variance_epsilon)
+        # No fused add here: sum in fp32 and normalise that sum, as RMSNorm.forward_native does.
+        orig_dtype = x.dtype
+        x = x.to(torch.float32) + residual.to(torch.float32)
+        if post_residual_addition is not None:
+            x = x + post_residual_addition.to(torch.float32)
+        out = F.rms_norm(x, (x.shape[-1],), None, obj.variance_epsilon) * obj.weight.data
+        return out.to(orig_dtype), x.to(orig_dtype)

@@ -5,6 +5,9 @@
    visible; set ``unavailable_reason`` when not.
 3. Define only the op methods your chip really implements (signatures in
    ``sglang_fl.dispatch.backends``); ops you leave out fall through to flagos/reference.
+   ``rms_norm`` with a residual must add ``x + residual + post_residual_addition`` in fp32, as
+   SGLang's ``RMSNorm.forward_native`` does; a fused add-norm kernel that takes only two inputs
+   gets them from ``self.residual_sum_parts`` (see ``vendor/cuda`` for the pattern).
 
 This template registers nothing: ``is_available()`` is always False.
 """
