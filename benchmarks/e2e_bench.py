@@ -197,6 +197,9 @@ def main(argv=None):
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
     ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop starting new repeats after this many seconds from launch (the "
+                         "JSON still records every completed repeat); for a hard time limit")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--mem-fraction", type=float, default=0.25)
     ap.add_argument("--start-timeout", type=float, default=420)
@@ -223,7 +226,7 @@ def main(argv=None):
           f"failed: {list(errors)}", flush=True)
     doc = {"benchmark": "e2e_bench", "model": args.model, "server_args": SERVER_ARGS,
            "mem_fraction_static": args.mem_fraction, "configs": configs, "start_errors": errors,
-           "repeats": args.repeats, "new_tokens": args.new_tokens, "results": {}}
+           "repeats_asked": args.repeats, "new_tokens": args.new_tokens, "results": {}}
     try:
         with contextlib.ExitStack() as stack:
             for name in servers:
@@ -240,6 +243,9 @@ def main(argv=None):
             for rep in range(args.repeats if names else 0):
                 live = [n for n in names if n not in errors]
                 if not live:
+                    break
+                if args.max_seconds is not None and time.time() - t0 > args.max_seconds:
+                    print(f"# time budget reached after {rep} repeats", flush=True)
                     break
                 order = live[rep % len(live):] + live[:rep % len(live)]
                 for name in order:
