@@ -149,6 +149,10 @@ def start_all(configs, model, mem_fraction, log_dir, timeout):
 
     cms, servers, errors = {}, {}, {}
     for i, (name, env) in enumerate(configs.items()):
+        # Logs are appended to by the server processes: drop any left by an earlier run in the
+        # same directory, or its dispatch lines would be read as this run's routes.
+        for stale in (log_dir / f"dispatch-{i}.log", log_dir / f"server-{i}.log"):
+            stale.unlink(missing_ok=True)
         env = dict(env)
         env["SGLANG_FL_DISPATCH_LOG"] = str(log_dir / f"dispatch-{i}.log")
         cms[name] = launched_server(
