@@ -1,10 +1,12 @@
-"""A random-weight Qwen2 written to disk, with a tokenizer trained here.
+"""A random-weight Qwen2 or Qwen3-MoE written to disk, with a tokenizer trained here.
 
 The demo, the end-to-end tests and the GPU benchmarks need a model that SGLang loads like any
 checkpoint (``config.json`` + safetensors + tokenizer + chat template) without downloading
 anything. The weights are random, so replies are gibberish; what matters is that every layer
-SGLang runs for a real Qwen2 runs here too, and that the result is bit-for-bit reproducible
-(seeded), so greedy token ids can be compared across backends and against HF transformers.
+SGLang runs for the real architecture runs here too (for ``qwen3_moe``: the router, TopK and
+FusedMoE with the real model's expert count and top-k), and that the result is bit-for-bit
+reproducible (seeded), so greedy token ids can be compared across backends and against HF
+transformers.
 
 The tokenizer is a byte-level BPE trained on a small generated corpus and padded with filler
 tokens up to the model's vocabulary size, so every id the model can emit decodes to text.
@@ -29,12 +31,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 DTYPES = ("float32", "bfloat16", "float16")
+ARCHITECTURES = ("qwen2", "qwen3_moe")
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Dimensions of the generated Qwen2; the defaults fit 2 CPU cores."""
+    """Dimensions of the generated model; the defaults (a Qwen2) fit 2 CPU cores."""
 
+    architecture: str = "qwen2"
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
@@ -48,15 +52,41 @@ class TinyModelSpec:
     #: token-id comparisons across numerically different backends stable.
     initializer_range: float = 0.1
     seed: int = 0
+    #: Per-head size; 0 means ``hidden_size // num_heads`` (Qwen2 has no other choice; Qwen3
+    #: sets it on its own: 128 in Qwen3-30B-A3B, whose hidden 2048 over 32 heads would give 64).
+    head_dim: int = 0
+    # Mixture of experts (qwen3_moe only): every layer is sparse, as in Qwen3-30B-A3B.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
 
     def validate(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"tiny model architecture={self.architecture!r} is not accepted; "
+                             f"accepted: {', '.join(ARCHITECTURES)}")
         ints = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                 "vocab_size", "max_position_embeddings")
+        moe = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        if self.architecture == "qwen3_moe":
+            ints += moe
+        else:
+            set_moe = [f"{n}={getattr(self, n)}" for n in moe if getattr(self, n)]
+            if set_moe or self.head_dim:
+                raise ValueError(f"tiny model {', '.join(set_moe or [f'head_dim={self.head_dim}'])} "
+                                 f"needs architecture='qwen3_moe' (a Qwen2 is dense, head size "
+                                 f"hidden_size // num_heads)")
         for name in ints:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"tiny model {name}={value!r} must be a positive integer")
-        if self.hidden_size % self.num_heads:
+        if not isinstance(self.head_dim, int) or self.head_dim < 0:
+            raise ValueError(f"tiny model head_dim={self.head_dim!r} must be 0 (derived) or a positive integer")
+        if not self.head_dim and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"tiny model hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}"
             )
@@ -64,8 +94,11 @@ class TinyModelSpec:
             raise ValueError(
                 f"tiny model num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}"
             )
-        if (self.hidden_size // self.num_heads) % 2:
-            raise ValueError(f"tiny model head size {self.hidden_size // self.num_heads} must be even (RoPE)")
+        if self.head_size % 2:
+            raise ValueError(f"tiny model head size {self.head_size} must be even (RoPE)")
+        if self.architecture == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"tiny model num_experts_per_tok={self.num_experts_per_tok} must be "
+                             f"<= num_experts={self.num_experts}")
         if self.vocab_size < 512:
             raise ValueError(f"tiny model vocab_size={self.vocab_size} must be >= 512 (byte alphabet + merges)")
         if self.dtype not in DTYPES:
@@ -80,11 +113,18 @@ PRESETS: dict[str, TinyModelSpec] = {
         vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
         dtype="bfloat16", initializer_range=0.02,
     ),
+    # Qwen3-30B-A3B's routing (128 experts, 8 per token, renormalised top-k, every layer sparse,
+    # head size decoupled from hidden/heads, q/k norm) at tiny sizes, fp32: fits 2 CPU cores.
+    "qwen3-moe": TinyModelSpec(
+        architecture="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=128, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=32, norm_topk_prob=True,
+    ),
 }
 
 
 def make_tiny_model(path: str | Path, *, preset: str = "tiny", **overrides) -> Path:
-    """Write (or reuse) a random-weight Qwen2 checkpoint at ``path`` and return the path.
+    """Write (or reuse) a random-weight checkpoint at ``path`` and return the path.
 
     ``overrides`` are `TinyModelSpec` fields (``hidden_size``, ``num_layers``, ``vocab_size``...)
     applied on top of ``preset``. A directory already holding a model built from the same spec
@@ -183,12 +223,9 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
     fast.save_pretrained(out)
 
 
-def _write_model(out: Path, spec: TinyModelSpec) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    vocab = _token_ids(out)
-    config = Qwen2Config(
+def _hf_config(spec: TinyModelSpec, vocab: dict[str, int]):
+    """The transformers config of ``spec`` (its ``architectures`` names the class to build)."""
+    common = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -205,10 +242,28 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
         pad_token_id=vocab["<|endoftext|>"],
         use_sliding_window=False,
     )
+    if spec.architecture == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(
+            head_dim=spec.head_size, num_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size, norm_topk_prob=spec.norm_topk_prob,
+            decoder_sparse_step=1, mlp_only_layers=[], **common)
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**common)
+
+
+def _write_model(out: Path, spec: TinyModelSpec) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = _hf_config(spec, _token_ids(out))
     dtype = getattr(torch, spec.dtype)
     torch.manual_seed(spec.seed)
     with torch.device("cpu"):
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     model.to(dtype)
     model.config.dtype = spec.dtype  # written to config.json: what SGLang's --dtype auto uses
     model.save_pretrained(out, safe_serialization=True)

@@ -65,12 +65,17 @@ def test_changed_spec_rebuilds(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"preset": "llama"}, "unknown tiny model preset 'llama'; accepted: tiny, qwen2.5-0.5b"),
+        ({"preset": "llama"}, "unknown tiny model preset 'llama'; accepted: tiny, qwen2.5-0.5b, qwen3-moe"),
         ({"hidden_sise": 64}, "unknown tiny model option"),
         ({"hidden_size": 100, "num_heads": 3}, "divisible by num_heads"),
         ({"num_layers": 0}, "num_layers=0 must be a positive integer"),
         ({"dtype": "int8"}, "accepted: float32, bfloat16, float16"),
         ({"vocab_size": 100}, "vocab_size=100 must be >= 512"),
+        ({"architecture": "llama"}, "accepted: qwen2, qwen3_moe"),
+        ({"num_experts": 8}, "num_experts=8 needs architecture='qwen3_moe'"),
+        ({"preset": "qwen3-moe", "num_experts_per_tok": 129}, "must be <= num_experts=128"),
+        ({"preset": "qwen3-moe", "num_experts": 0}, "num_experts=0 must be a positive integer"),
+        ({"preset": "qwen3-moe", "head_dim": 15}, "head size 15 must be even"),
     ],
 )
 def test_bad_input_names_the_option(tmp_path, kwargs, match):
@@ -113,3 +118,24 @@ def test_demo_dispatch_summary_parses_the_contract_line_format():
             "[OOT-DISPATCH] SiluAndMul → reference(reference)\n")
     assert parse_dispatch_log(text) == {"RMSNorm": {"flagos(flagos)", "vendor(vendor.nvidia)"},
                                         "SiluAndMul": {"reference(reference)"}}
+
+
+def test_qwen3_moe_preset_routes_like_qwen3_30b_a3b_at_tiny_sizes(tmp_path):
+    """128 experts, 8 per token, renormalised, every layer sparse, head size not hidden/heads;
+    written in the per-expert checkpoint layout SGLang's Qwen3-MoE loader reads."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    spec = PRESETS["qwen3-moe"]
+    path = make_tiny_model(tmp_path / "moe", preset="qwen3-moe", num_layers=1, vocab_size=600)
+    cfg = AutoConfig.from_pretrained(path)
+    assert cfg.model_type == "qwen3_moe" and cfg.architectures == ["Qwen3MoeForCausalLM"]
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (128, 8, True)
+    assert (cfg.decoder_sparse_step, cfg.mlp_only_layers) == (1, [])
+    assert cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size == spec.hidden_size
+    with safe_open(path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        assert tuple(f.get_slice("model.layers.0.mlp.experts.127.down_proj.weight").get_shape()) == (
+            spec.hidden_size, spec.moe_intermediate_size)
+    assert {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.self_attn.q_norm.weight"} <= keys
