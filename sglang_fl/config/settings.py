@@ -29,8 +29,9 @@ PLATFORMS = ("cuda", "ascend", "musa", "cpu")
 DIST_BACKENDS = ("nccl", "hccl", "flagcx", "gloo")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Layer-2 op names and the SGLang classes that can be routed (by class name, as users type them).
-OP_NAMES = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding")
-ROUTED_CLASSES = ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding")
+OP_NAMES = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk", "fused_moe")
+ROUTED_CLASSES = ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding", "TopK",
+                  "UnquantizedFusedMoEMethod")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

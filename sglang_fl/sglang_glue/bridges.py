@@ -13,6 +13,7 @@ import functools
 from sglang_fl.dispatch.manager import ResolvedOp
 from sglang_fl.dispatch.types import OpImpl
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.sglang_glue import sglang_version
 from sglang_fl.sglang_glue.dispatch_log import log_dispatch
 
 logger = get_logger("sglang_glue")
@@ -136,9 +137,63 @@ def bind_rotary_embedding(layer, slot: ImplSlot, native):
     return forward
 
 
+def bind_topk(layer, slot: ImplSlot, native):
+    kwargs, unsupported = sglang_version.topk_op_kwargs(layer)
+    if unsupported:
+        log_once(f"topk-{unsupported}", "TopK with %s keeps SGLang's own forward (%s)",
+                 ", ".join(unsupported), getattr(native, "__name__", native))
+        return native
+
+    def forward(hidden_states, router_logits, *, num_token_non_padded=None,
+                expert_location_dispatch_info=None):
+        if num_token_non_padded is not None or expert_location_dispatch_info is not None:
+            # Expert-parallel dispatch (DeepEP): padded-token masking and logical->physical ids.
+            log_once("topk-ep", "TopK called with expert-location dispatch arguments: using "
+                     "SGLang's own forward for those calls")
+            return native(hidden_states, router_logits, num_token_non_padded=num_token_non_padded,
+                          expert_location_dispatch_info=expert_location_dispatch_info)
+        try:
+            weights, ids = slot.fn(layer, hidden_states, router_logits, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            weights, ids = slot.call_after_failure(exc, layer, hidden_states, router_logits, **kwargs)
+        return sglang_version.topk_output(layer, weights, ids, router_logits)
+
+    return forward
+
+
+def bind_fused_moe(method, slot: ImplSlot, native):
+    """``method`` is SGLang's ``UnquantizedFusedMoEMethod``; the op's ``obj`` is the FusedMoE
+    layer it is called with (``w13_weight``, ``w2_weight``)."""
+    routed = None  # decided on the first call, once the layer's weights are loaded
+
+    def forward(layer, dispatch_output):
+        nonlocal routed
+        if routed is None:
+            unsupported = sglang_version.fused_moe_unsupported(method, layer)
+            if unsupported:
+                log_once(f"fused-moe-{unsupported}", "FusedMoE (%s) with %s keeps SGLang's own "
+                         "forward", type(method).__name__, ", ".join(unsupported))
+            routed = not unsupported
+        routing = sglang_version.standard_routing(dispatch_output) if routed else None
+        if routing is None:
+            if routed:
+                log_once("fused-moe-format", "FusedMoE called with a quantized or non-standard "
+                         "top-k dispatch: using SGLang's own forward for those calls")
+            return native(layer, dispatch_output)
+        try:
+            out = slot.fn(layer, *routing)
+        except Exception as exc:  # noqa: BLE001
+            out = slot.call_after_failure(exc, layer, *routing)
+        return sglang_version.combine_input(out)
+
+    return forward
+
+
 BRIDGES = {
     "silu_and_mul": bind_silu_and_mul,
     "rms_norm": bind_rms_norm,
     "gemma_rms_norm": bind_gemma_rms_norm,
     "rotary_embedding": bind_rotary_embedding,
+    "topk": bind_topk,
+    "fused_moe": bind_fused_moe,
 }

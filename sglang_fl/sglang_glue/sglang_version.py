@@ -33,6 +33,10 @@ LAYER_ROUTES = (
     LayerRoute("sglang.srt.layers.layernorm:RMSNorm", "rms_norm"),
     LayerRoute("sglang.srt.layers.layernorm:GemmaRMSNorm", "gemma_rms_norm"),
     LayerRoute("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding", "rotary_embedding"),
+    # MoE: the router's top-k, and the expert compute of an unquantized FusedMoE (FusedMoE itself
+    # is a plain nn.Module; its quant method is the MultiPlatformOp that picks the kernel).
+    LayerRoute("sglang.srt.layers.moe.topk:TopK", "topk"),
+    LayerRoute("sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod", "fused_moe"),
 )
 
 # Methods a subclass must not override for the base's bridge to stay correct.
@@ -46,3 +50,107 @@ def sglang_version() -> str | None:
         return version("sglang")
     except PackageNotFoundError:
         return None
+
+
+# -- MoE (SGLang 0.5.11) ------------------------------------------------------------------------
+# What the ``topk`` / ``fused_moe`` bridges need to know about SGLang's MoE classes: which
+# configurations the standard ops express (the others keep SGLang's forward) and how results
+# are handed back.
+
+
+def _moe_runner_backend():
+    from sglang.srt.layers.moe import get_moe_runner_backend
+
+    return get_moe_runner_backend()
+
+
+def topk_op_kwargs(layer) -> tuple[dict | None, list[str]]:
+    """The ``topk`` op's keyword arguments for SGLang's ``TopK`` ``layer``, or ``(None, why)``.
+
+    ``select_experts`` in 0.5.11 picks the scoring from the route, not from ``scoring_func``:
+    grouped without a correction bias is softmax (``grouped_topk``), grouped with one is
+    sigmoid (``biased_grouped_topk``); ungrouped follows ``scoring_func``.
+    """
+    cfg = layer.topk_config
+    backend = _moe_runner_backend()
+    unsupported = [name for name, bad in (
+        ("num_fused_shared_experts", cfg.num_fused_shared_experts),
+        ("custom_routing_function", cfg.custom_routing_function is not None),
+        ("apply_routed_scaling_factor_on_output", cfg.apply_routed_scaling_factor_on_output),
+        (f"output_format={cfg.output_format}", cfg.output_format not in (None, _standard_format())),
+        (f"moe_runner_backend={backend.value}", backend.is_triton_kernels()
+         or backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+         or backend.is_flashinfer_mxfp4()),
+    ) if bad]
+    if unsupported:
+        return None, unsupported
+    grouped = cfg.use_grouped_topk
+    if grouped:
+        scoring = "softmax" if cfg.correction_bias is None else "sigmoid"
+    else:
+        scoring = cfg.scoring_func
+    return dict(top_k=cfg.top_k, renormalize=cfg.renormalize, scoring_func=scoring,
+                correction_bias=cfg.correction_bias,
+                num_expert_group=cfg.num_expert_group if grouped else None,
+                topk_group=cfg.topk_group if grouped else None), []
+
+
+def _standard_format():
+    from sglang.srt.layers.moe.topk import TopKOutputFormat
+
+    return TopKOutputFormat.STANDARD
+
+
+def topk_output(layer, topk_weights, topk_ids, router_logits):
+    """What ``TopK.forward`` returns, with the bookkeeping ``select_experts`` does after its
+    top-k (routed-experts capture, expert-distribution recording; no-ops unless enabled)."""
+    from sglang.srt.eplb.expert_distribution import get_global_expert_distribution_recorder
+    from sglang.srt.layers.moe.routed_experts_capturer import get_global_experts_capturer
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    get_global_experts_capturer().capture(layer_id=layer.layer_id, topk_ids=topk_ids)
+    get_global_expert_distribution_recorder().on_select_experts(topk_ids=topk_ids)
+    return StandardTopKOutput(topk_weights, topk_ids, router_logits)
+
+
+def fused_moe_unsupported(method, layer) -> list[str]:
+    """Why ``UnquantizedFusedMoEMethod`` ``method`` of FusedMoE ``layer`` must keep SGLang's own
+    forward (empty: the ``fused_moe`` op expresses it). The op takes SiLU-gated experts with
+    ``w13 [E, 2I, H]`` / ``w2 [E, H, I]``, no biases, the routed weights applied after the down
+    projection and summed; SGLang re-lays the weights out for some kernels (AMX CPUs, Ascend,
+    triton_kernels, flashinfer), and those layers stay native too."""
+    from sglang.srt.utils import is_npu
+
+    cfg = method.moe_runner_config
+    runner = getattr(getattr(method, "runner", None), "runner_backend", None)
+    checks = (
+        (f"activation={cfg.activation}", cfg.activation != "silu"),
+        ("is_gated=False", not cfg.is_gated),
+        ("apply_router_weight_on_input", cfg.apply_router_weight_on_input),
+        ("gemm1_alpha/gemm1_clamp_limit", cfg.gemm1_alpha is not None or cfg.gemm1_clamp_limit is not None),
+        ("no_combine", cfg.no_combine),
+        (f"routed_scaling_factor={cfg.routed_scaling_factor}", cfg.routed_scaling_factor not in (None, 1.0)),
+        ("bias", getattr(method, "with_bias", False)),
+        (f"runner={getattr(runner, 'value', runner)}", runner is None or not runner.is_triton()),
+        ("flashinfer_cutlass", getattr(method, "use_flashinfer_cutlass", False)),
+        ("aiter", getattr(method, "_aiter_runner", None) is not None),
+        ("AMX-packed weights", getattr(layer, "use_intel_amx_backend", False)),
+        ("NPU weight layout", is_npu()),
+    )
+    return [name for name, bad in checks if bad]
+
+
+def standard_routing(dispatch_output):
+    """``(hidden_states, topk_weights, topk_ids)`` of a standard dispatch, else None."""
+    from sglang.srt.layers.moe.topk import TopKOutputChecker
+
+    topk = dispatch_output.topk_output
+    if dispatch_output.hidden_states_scale is not None or not TopKOutputChecker.format_is_standard(topk):
+        return None
+    return dispatch_output.hidden_states, topk.topk_weights, topk.topk_ids
+
+
+def combine_input(hidden_states):
+    from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+
+    return StandardCombineInput(hidden_states=hidden_states)

@@ -2,6 +2,8 @@
 
 They follow SGLang's own ``forward_native`` arithmetic step for step (same dtype casts, same
 operation order) so a served model gives the same tokens with or without the plugin.
+The MoE math (`select_experts`, `experts_forward`) is module-level so that a backend whose
+kernels cover only some routing variants can run the others exactly as the reference does.
 """
 
 from __future__ import annotations
@@ -60,6 +62,73 @@ class ReferenceBackend(Backend):
             _rotate(query, cos, sin, obj.head_size, rotary_interleaved, inplace),
             _rotate(key, cos, sin, obj.head_size, rotary_interleaved, inplace),
         )
+
+    def topk(self, obj, hidden_states, router_logits, *, top_k, renormalize=True,
+             scoring_func="softmax", correction_bias=None, num_expert_group=None, topk_group=None):
+        return select_experts(router_logits, top_k, renormalize=renormalize, scoring_func=scoring_func,
+                              correction_bias=correction_bias, num_expert_group=num_expert_group,
+                              topk_group=topk_group)
+
+    def fused_moe(self, obj, hidden_states, topk_weights, topk_ids):
+        return experts_forward(hidden_states, obj.w13_weight, obj.w2_weight, topk_weights, topk_ids)
+
+
+def select_experts(router_logits, top_k, *, renormalize=True, scoring_func="softmax",
+                   correction_bias=None, num_expert_group=None, topk_group=None):
+    """The ``topk`` op's routing: ``(weights float32 [T, k], ids int32 [T, k])``.
+
+    Scores (softmax or sigmoid of the logits) are taken in fp32. Experts are chosen by
+    ``scores + correction_bias`` but weighted by the scores alone. With ``num_expert_group``
+    the experts are split into that many equal groups and only the ``topk_group`` best groups
+    compete, a group scoring its best expert (no bias: DeepSeek-V2) or the sum of its best two
+    biased scores (with a bias: DeepSeek-V3), as SGLang's ``grouped_topk`` and
+    ``biased_grouped_topk`` do.
+    """
+    logits = router_logits.float()
+    if scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ValueError(f"scoring_func={scoring_func!r}: accepted softmax, sigmoid")
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if num_expert_group:
+        tokens, experts = choice.shape
+        groups = choice.view(tokens, num_expert_group, experts // num_expert_group)
+        if correction_bias is None:
+            group_scores = groups.max(dim=-1).values
+        else:
+            group_scores = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(dim=-1)
+        best = group_scores.topk(topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(groups.shape[-1], dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def experts_forward(hidden_states, w13, w2, topk_weights, topk_ids):
+    """The ``fused_moe`` op: ``sum_k weight[t, k] * down(silu(gate(x_t)) * up(x_t))`` over the
+    experts ``topk_ids[t, k]``, for ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``.
+
+    Each expert's MLP runs in the input dtype on its tokens (as SGLang's ``moe_forward_native``
+    does); the weighted sum over k is fp32, rounded once. Ids outside ``[0, E)`` (``-1``: an
+    expert another expert-parallel rank holds) contribute nothing. The expert loop reads the
+    routing on the host, so it cannot be captured in a device graph.
+    """
+    tokens, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    source = torch.arange(tokens * k, device=flat.device) // k  # the token of each (t, k) slot
+    out = hidden_states.new_zeros(tokens * k, hidden_states.shape[-1])
+    valid = (flat >= 0) & (flat < w13.shape[0])
+    for expert in flat[valid].unique().tolist():
+        slots = (flat == expert).nonzero().squeeze(1)
+        gate, up = F.linear(hidden_states[source[slots]], w13[expert]).chunk(2, dim=-1)
+        out[slots] = F.linear(F.silu(gate) * up, w2[expert])
+    weighted = out.view(tokens, k, -1).float() * topk_weights.float().unsqueeze(-1)
+    return weighted.sum(dim=1).to(hidden_states.dtype)
 
 
 def _rotate(x, cos, sin, head_size, interleaved, inplace):
