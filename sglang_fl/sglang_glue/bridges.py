@@ -1,9 +1,11 @@
 """Bridges: turn an SGLang layer's forward call into a call of the resolved op impl.
 
-Each ``bind_<op>(layer, slot, native)`` returns the callable stored as the layer's
-``_forward_method``; it does only the argument adaptation SGLang's signature needs and then
-``slot.fn(layer, ...)``. ``native`` is the method SGLang itself chose; a bridge uses it for the
-few call shapes the standard op cannot express (logged once).
+``bridge_for(op)(layer, slot, native)`` returns the callable stored as the layer's
+``_forward_method``. An op whose standard signature is SGLang's forward signature plus ``obj``
+needs no bridge of its own: `bind_passthrough` calls ``slot.fn(layer, *args)``. The others have
+one ``bind_<op>`` in `BRIDGES`, doing only the argument adaptation SGLang's signature needs.
+``native`` is the method SGLang itself chose; a bridge uses it for the few call shapes the
+standard op cannot express (logged once).
 """
 
 from __future__ import annotations
@@ -51,16 +53,17 @@ class ImplSlot:
         log_dispatch(self.class_name, impl.label, self.log_path)
 
 
-def bind_silu_and_mul(layer, slot: ImplSlot, native):
+def bind_passthrough(layer, slot: ImplSlot, native):
+    """SGLang's forward arguments are the op's, after ``obj``."""
     if slot.resolved.strict or len(slot.resolved.candidates) == 1:
         # Nothing to fall back to: the signature matches, so bind without a Python frame.
         return functools.partial(slot.fn, layer)
 
-    def forward(x):
+    def forward(*args, **kwargs):
         try:
-            return slot.fn(layer, x)
+            return slot.fn(layer, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            return slot.call_after_failure(exc, layer, x)
+            return slot.call_after_failure(exc, layer, *args, **kwargs)
 
     return forward
 
@@ -189,11 +192,15 @@ def bind_fused_moe(method, slot: ImplSlot, native):
     return forward
 
 
+#: Ops whose SGLang forward signature differs from the standard one.
 BRIDGES = {
-    "silu_and_mul": bind_silu_and_mul,
     "rms_norm": bind_rms_norm,
     "gemma_rms_norm": bind_gemma_rms_norm,
     "rotary_embedding": bind_rotary_embedding,
     "topk": bind_topk,
     "fused_moe": bind_fused_moe,
 }
+
+
+def bridge_for(op_name: str):
+    return BRIDGES.get(op_name, bind_passthrough)

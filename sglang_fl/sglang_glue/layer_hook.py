@@ -17,7 +17,7 @@ from sglang_fl.config import Settings
 from sglang_fl.dispatch.manager import OpManager
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.sglang_glue import sglang_version
-from sglang_fl.sglang_glue.bridges import BRIDGES, ImplSlot
+from sglang_fl.sglang_glue.bridges import ImplSlot, bridge_for
 from sglang_fl.sglang_glue.dispatch_log import log_dispatch
 
 logger = get_logger("sglang_glue")
@@ -68,7 +68,7 @@ class LayerRouter:
         class_name = type(layer).__name__
         log_path = self.settings.dispatch_log
         log_dispatch(class_name, resolved.impl.label, log_path)
-        make_bridge = BRIDGES[route.op_name]
+        make_bridge = bridge_for(route.op_name)
 
         def bind_on_first_call(*args, **kwargs):
             forward = make_bridge(layer, ImplSlot(resolved, class_name, log_path), native)

@@ -63,7 +63,7 @@ class ReferenceBackend(Backend):
             _rotate(key, cos, sin, obj.head_size, rotary_interleaved, inplace),
         )
 
-    def topk(self, obj, hidden_states, router_logits, *, top_k, renormalize=True,
+    def topk(self, obj, hidden_states, router_logits, top_k, renormalize=True,
              scoring_func="softmax", correction_bias=None, num_expert_group=None, topk_group=None):
         return select_experts(router_logits, top_k, renormalize=renormalize, scoring_func=scoring_func,
                               correction_bias=correction_bias, num_expert_group=num_expert_group,

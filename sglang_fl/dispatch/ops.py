@@ -1,0 +1,269 @@
+"""The op table: every Layer-2 op, declared once.
+
+Each `OpSpec` in `OPS` says, for one op:
+
+- ``name``: what ``op_backends`` / ``SGLANG_FL_PER_OP``, ``OpImpl.op_name`` and the backend
+  method are called;
+- ``signature``: the standard signature of every implementation (``obj`` is the layer);
+- ``layer_attrs``: the attributes of ``obj`` an implementation may read. Only attributes that
+  SGLang's and vLLM's layers share, so an implementation runs unchanged in vllm-plugin-FL;
+  whatever else it needs is an argument (the bridge extracts it from the SGLang layer);
+- ``contract``: what the signature cannot say (return value, dtype rules, in place or not);
+- ``serves``: the SGLang layer classes routed through the op, as ``module:Class`` of the
+  supported SGLang version (subclasses that keep the forward methods follow their class);
+- ``tolerance``: per output dtype, how close an implementation must come to the reference in
+  the numerics tests.
+
+Everything else reads this table: Settings validates op and class names against it, backend
+registration checks every implementation against ``signature`` (`check_backend_class`,
+`check_impl`), the SGLang glue routes ``serves``, ``sglang-fl ops`` lists the ops.
+
+Adding an op = an entry in `OPS` + its implementations (a method named like the op on each
+backend that has a kernel, the reference backend first) + a bridge in
+``sglang_glue/bridges.py`` only if SGLang's forward signature is not ``signature`` without
+``obj``.
+
+Nothing here imports torch or SGLang at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------
+# Entry types
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``(atol, rtol)`` per output dtype, for ``torch.testing.assert_close``."""
+
+    float32: tuple[float, float]
+    float16: tuple[float, float]
+    bfloat16: tuple[float, float]
+
+    def for_dtype(self, dtype) -> dict[str, float]:
+        """``{"atol": ..., "rtol": ...}`` for a torch dtype (or its name)."""
+        atol, rtol = getattr(self, str(dtype).removeprefix("torch."))
+        return {"atol": atol, "rtol": rtol}
+
+
+#: One or two roundings to the output dtype and another reduction order than the reference:
+#: about two ulps of the output's magnitude (bf16 has 8 significant bits, fp16 11).
+ROUNDING = Tolerance(float32=(1e-5, 1e-5), float16=(2e-3, 2e-3), bfloat16=(1.6e-2, 1.6e-2))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    signature: str
+    layer_attrs: tuple[str, ...]
+    contract: str
+    serves: tuple[str, ...]
+    tolerance: Tolerance = ROUNDING
+    #: Trailing parameters an implementation may leave out, and how such an implementation is
+    #: wrapped at registration so callers can always pass them (the vendor contract's first
+    #: version had ``rms_norm(obj, x, residual=None)``).
+    optional: tuple[str, ...] = ()
+    adapt_short: Callable[[Callable], Callable] | None = None
+
+    @functools.cached_property
+    def parameters(self) -> tuple[inspect.Parameter, ...]:
+        return _parse_signature(self.name, self.signature)
+
+    def describe(self) -> str:
+        """``rms_norm(obj, x, residual=None, ...)`` as a vendor writes it."""
+        return f"{self.name}{self.signature}"
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(path.rsplit(":", 1)[1] for path in self.serves)
+
+
+def _parse_signature(name: str, text: str) -> tuple[inspect.Parameter, ...]:
+    """The parameters of ``def name<text>: ...``; defaults must be literals."""
+    fn = ast.parse(f"def {name}{text}: pass").body[0]
+    args = fn.args
+    if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+        raise ValueError(f"op {name}: the standard signature takes plain parameters only")
+    defaults = [inspect.Parameter.empty] * (len(args.args) - len(args.defaults))
+    defaults += [ast.literal_eval(d) for d in args.defaults]
+    return tuple(inspect.Parameter(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d)
+                 for a, d in zip(args.args, defaults, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared semantics of the norm ops (used by kernels and by the adapters below)
+# ---------------------------------------------------------------------------------------------
+
+
+def residual_sum_parts(x, residual, post_residual_addition):
+    """``x + residual + post_residual_addition`` as ``RMSNorm.forward_native`` adds them (each
+    cast to fp32, summed left to right), for a fused add-RMSNorm kernel that adds only two
+    inputs (in fp32) and so cannot take the third.
+
+    Returns ``(total, rest)`` in x's dtype: ``total`` is the fp32 sum rounded once, exactly the
+    residual forward_native returns, and ``rest`` is what that rounding dropped. A kernel given
+    ``(rest, total)`` normalises ``float(rest) + float(total)``, the fp32 sum to within rest's
+    own rounding. Return ``total`` itself as the residual, not the sum the kernel writes back,
+    which can be one ulp off where ``rest`` rounded to exactly half an ulp of ``total`` (a tie).
+    """
+    import torch
+
+    f32 = torch.float32
+    fp32_sum = x.to(f32) + residual.to(f32) + post_residual_addition.to(f32)
+    total = fp32_sum.to(x.dtype)
+    return total, (fp32_sum - total.to(f32)).to(x.dtype)
+
+
+def _rms_norm_without_post(fn):
+    """An ``rms_norm(obj, x, residual=None)`` given the whole op: the three-way fp32 sum is split
+    with `residual_sum_parts`, so the impl's own two-input add reproduces it."""
+
+    @functools.wraps(fn)
+    def rms_norm(obj, x, residual=None, post_residual_addition=None):
+        if residual is None:
+            return fn(obj, x)
+        if post_residual_addition is None:
+            return fn(obj, x, residual)
+        total, rest = residual_sum_parts(x, residual, post_residual_addition)
+        out, _ = fn(obj, rest, total.clone())  # the impl may write into its inputs
+        return out, total
+
+    return rms_norm
+
+
+def _gemma_rms_norm_without_post(fn):
+    """A ``gemma_rms_norm(obj, x, residual=None)`` given the whole op: GemmaRMSNorm adds
+    ``residual + post_residual_addition`` in the input dtype first."""
+
+    @functools.wraps(fn)
+    def gemma_rms_norm(obj, x, residual=None, post_residual_addition=None):
+        if residual is None:
+            return fn(obj, x)
+        if post_residual_addition is not None:
+            residual = residual + post_residual_addition
+        return fn(obj, x, residual)
+
+    return gemma_rms_norm
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        name="silu_and_mul",
+        signature="(obj, x)",
+        layer_attrs=(),
+        contract="-> Tensor: silu(x[..., :d]) * x[..., d:] with d = x.shape[-1] // 2.",
+        serves=("sglang.srt.layers.activation:SiluAndMul",),
+    ),
+    OpSpec(
+        name="rms_norm",
+        signature="(obj, x, residual=None, post_residual_addition=None)",
+        layer_attrs=("weight", "variance_epsilon"),
+        contract=(
+            "-> Tensor without a residual, else (normed, new_residual): new_residual is "
+            "x + residual + post_residual_addition summed in fp32 and rounded once, normed is "
+            "that sum normalised and scaled by obj.weight (as RMSNorm.forward_native). "
+            "post_residual_addition only comes with a residual. A fused kernel that adds two "
+            "inputs gets them from residual_sum_parts(); an impl that leaves "
+            "post_residual_addition out is wrapped that way at registration."),
+        serves=("sglang.srt.layers.layernorm:RMSNorm",),
+        optional=("post_residual_addition",),
+        adapt_short=_rms_norm_without_post,
+    ),
+    OpSpec(
+        name="gemma_rms_norm",
+        signature="(obj, x, residual=None, post_residual_addition=None)",
+        layer_attrs=("weight", "variance_epsilon"),
+        contract=(
+            "As rms_norm, but scaled by (1 + obj.weight) computed in fp32 (obj.weight holds the "
+            "checkpoint's Gemma weight in SGLang and vLLM alike) and, as "
+            "GemmaRMSNorm.forward_native, the adds are in x's dtype: residual + "
+            "post_residual_addition first, then x + that."),
+        serves=("sglang.srt.layers.layernorm:GemmaRMSNorm",),
+        optional=("post_residual_addition",),
+        adapt_short=_gemma_rms_norm_without_post,
+    ),
+    OpSpec(
+        name="rotary_embedding",
+        signature=("(obj, query, key, cos, sin, position_ids, rotary_interleaved=False, "
+                   "inplace=True)"),
+        layer_attrs=("head_size",),
+        contract=(
+            "-> (query, key) rotated: cos/sin are the whole per-position caches "
+            "[max_positions, rotary_dim // 2], treated as constant per tensor (the bridge passes "
+            "the same ones every call); position_ids [tokens] index them; the first rotary_dim "
+            "channels of every head of query [tokens, heads * head_size] and key are rotated "
+            "(GPT-J pairs if rotary_interleaved, else NeoX halves); inplace writes into query "
+            "and key and returns them."),
+        serves=("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding",),
+    ),
+    OpSpec(
+        name="topk",
+        signature=("(obj, hidden_states, router_logits, top_k, renormalize=True, "
+                   "scoring_func='softmax', correction_bias=None, num_expert_group=None, "
+                   "topk_group=None)"),
+        layer_attrs=(),
+        contract=(
+            "-> (topk_weights float32 [T, top_k], topk_ids int32 [T, top_k]) for router_logits "
+            "[T, E] (T may be 0): scores are softmax or sigmoid (scoring_func) of the logits in "
+            "fp32; the top_k experts are chosen by scores + correction_bias [E] (when given) and "
+            "weighted by their scores alone, divided by the weights' sum if renormalize. With "
+            "num_expert_group the E experts form that many equal groups and only the topk_group "
+            "best groups compete, a group scoring its best expert without a bias (DeepSeek-V2) "
+            "or the sum of its two best biased scores with one (DeepSeek-V3). The order of the "
+            "k choices in a row is free. hidden_states [T, H] is there for kernels that take "
+            "it. Routing parameters are arguments, not layer attributes: SGLang keeps them in "
+            "TopK.topk_config, vLLM on its FusedMoE layer."),
+        serves=("sglang.srt.layers.moe.topk:TopK",),
+        # Weights are fp32 whatever the logits' dtype; a kernel differs only in its exp/sum
+        # order. Ids must be equal (tests use logits without near-ties).
+        tolerance=Tolerance(float32=(1e-5, 1e-5), float16=(1e-5, 1e-5), bfloat16=(1e-5, 1e-5)),
+    ),
+    OpSpec(
+        name="fused_moe",
+        signature="(obj, hidden_states, topk_weights, topk_ids)",
+        layer_attrs=("w13_weight", "w2_weight"),
+        contract=(
+            "-> Tensor [T, H] in hidden_states' dtype (hidden_states [T, H] is not modified; T "
+            "may be 0): the sum over k of topk_weights[t, k] * (obj.w2_weight[e] @ "
+            "(silu(g) * u)) with e = topk_ids[t, k] and g, u the two halves of "
+            "obj.w13_weight[e] @ x_t (obj.w13_weight [E, 2I, H], gate rows first; "
+            "obj.w2_weight [E, H, I]); topk_weights float32 and topk_ids int32, both [T, k]; "
+            "an id outside [0, E) (-1: an expert another expert-parallel rank holds) adds "
+            "nothing. Unquantized, SiLU-gated, no biases: the bridge keeps SGLang's own "
+            "forward for any other expert layer."),
+        serves=("sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",),
+        # Two GEMMs whose [T, k, I] intermediate is rounded to the input dtype, then a k-way
+        # sum: more roundings than one elementwise op, relative to the output's magnitude.
+        tolerance=Tolerance(float32=(1e-4, 1e-4), float16=(1e-2, 1e-2), bfloat16=(6e-2, 6e-2)),
+    ),
+)
+
+OPS_BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in OPS}
+OP_NAMES: tuple[str, ...] = tuple(OPS_BY_NAME)
+#: Layer classes a user can name in SGLANG_FL_OOT_WHITELIST / _BLACKLIST.
+ROUTED_CLASSES: tuple[str, ...] = tuple(n for spec in OPS for n in spec.class_names)
+
+
+def op_spec(name: str) -> OpSpec:
+    """The entry of op ``name``; an unknown name raises KeyError with the closest op names."""
+    try:
+        return OPS_BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}{did_you_mean(name)}; ops: {', '.join(OP_NAMES)}") from None
+
+
+def did_you_mean(name: str, choices=OP_NAMES) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]!r}?)" if close else ""
