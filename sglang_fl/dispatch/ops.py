@@ -245,8 +245,10 @@ OPS: tuple[OpSpec, ...] = (
             "forward for any other expert layer."),
         serves=("sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",),
         # Two GEMMs whose [T, k, I] intermediate is rounded to the input dtype, then a k-way
-        # sum: more roundings than one elementwise op, relative to the output's magnitude.
-        tolerance=Tolerance(float32=(1e-4, 1e-4), float16=(1e-2, 1e-2), bfloat16=(6e-2, 6e-2)),
+        # sum: several roundings, against an fp32 oracle on the same rounded inputs. The
+        # reference's largest error (outputs of std ~0.3, 9 or 128 experts, top-2/8) is 2.4e-7
+        # in fp32, 2.5e-3 in fp16 and 1.8e-2 in bf16; an expert mixed up is off by ~0.5.
+        tolerance=Tolerance(float32=(1e-4, 1e-4), float16=(5e-3, 5e-3), bfloat16=(3e-2, 3e-2)),
     ),
 )
 

@@ -1,9 +1,17 @@
 """FlagGems (kind ``flagos``): Triton kernels, available when ``flag_gems`` imports and finds a
-device it supports."""
+device it supports.
+
+MoE: ``topk`` runs ``topk_softmax`` (softmax, ungrouped, no bias) or ``grouped_topk`` (sigmoid,
+or a correction bias, grouped or not); grouped routing without a bias scores groups differently
+from ``grouped_topk`` and runs the reference math on the device. ``fused_moe`` is
+``fused_experts_impl`` (moe_align_block_size, the fused-MoE GEMM kernel, SiLU-and-mul,
+moe_sum).
+"""
 
 from __future__ import annotations
 
 from sglang_fl.dispatch.backends import Backend
+from sglang_fl.dispatch.backends.reference import select_experts
 from sglang_fl.dispatch.types import BackendImplKind
 
 
@@ -72,3 +80,49 @@ class FlagGemsBackend(Backend):
         q_full = torch.cat((q_out, query.view(tokens, -1, head_size)[..., rot_dim:]), -1)
         k_full = torch.cat((k_out, key.view(tokens, -1, head_size)[..., rot_dim:]), -1)
         return q_full.reshape(query.shape), k_full.reshape(key.shape)
+
+    def topk(self, obj, hidden_states, router_logits, top_k, renormalize=True,
+             scoring_func="softmax", correction_bias=None, num_expert_group=None, topk_group=None):
+        import torch
+
+        tokens, device = router_logits.shape[0], router_logits.device
+        if tokens == 0:
+            return (torch.empty(0, top_k, dtype=torch.float32, device=device),
+                    torch.empty(0, top_k, dtype=torch.int32, device=device))
+        if scoring_func == "softmax" and correction_bias is None and not num_expert_group:
+            weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
+            ids = torch.empty(tokens, top_k, dtype=torch.int32, device=device)
+            rows = torch.empty_like(ids)  # the kernel's token_expert_indices, unused here
+            self._gems.topk_softmax(weights, ids, rows, router_logits, renormalize)
+            return weights, ids
+        if num_expert_group and correction_bias is None:
+            # flag_gems.grouped_topk scores a group by its two best experts; grouped routing
+            # without a bias (DeepSeek-V2) scores it by its best one: the reference math, on device.
+            return select_experts(router_logits, top_k, renormalize=renormalize,
+                                  scoring_func=scoring_func, num_expert_group=num_expert_group,
+                                  topk_group=topk_group)
+        # One group of all experts when ungrouped; the kernel's scoring_func 0 takes scores as
+        # they are, 1 applies the sigmoid itself. fp32 in, so the bias is not rounded to bf16.
+        logits = router_logits.float()
+        if scoring_func == "softmax":
+            scores, kernel_scoring = logits.softmax(dim=-1), 0
+        else:
+            scores, kernel_scoring = logits, 1
+        bias = (correction_bias.float() if correction_bias is not None
+                else torch.zeros(logits.shape[-1], dtype=torch.float32, device=device))
+        return self._gems.grouped_topk(scores, num_expert_group or 1, topk_group or 1, top_k,
+                                       renormalize, 1.0, bias, kernel_scoring)
+
+    def fused_moe(self, obj, hidden_states, topk_weights, topk_ids):
+        import torch
+
+        if hidden_states.shape[0] == 0:
+            return torch.empty_like(hidden_states)
+        # FlagGems has no "skip this slot" id: an expert of another expert-parallel rank (-1)
+        # becomes expert 0 with weight 0.
+        foreign = (topk_ids < 0) | (topk_ids >= obj.w13_weight.shape[0])
+        topk_ids = topk_ids.masked_fill(foreign, 0)
+        topk_weights = topk_weights.masked_fill(foreign, 0.0)
+        return self._gems.fused_experts_impl(hidden_states.contiguous(), obj.w13_weight,
+                                             obj.w2_weight, topk_weights, topk_ids, inplace=False,
+                                             activation="silu")

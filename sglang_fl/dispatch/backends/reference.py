@@ -119,15 +119,16 @@ def experts_forward(hidden_states, w13, w2, topk_weights, topk_ids):
     routing on the host, so it cannot be captured in a device graph.
     """
     tokens, k = topk_ids.shape
+    hidden = hidden_states.shape[-1]
     flat = topk_ids.reshape(-1).long()
     source = torch.arange(tokens * k, device=flat.device) // k  # the token of each (t, k) slot
-    out = hidden_states.new_zeros(tokens * k, hidden_states.shape[-1])
+    out = hidden_states.new_zeros(tokens * k, hidden)
     valid = (flat >= 0) & (flat < w13.shape[0])
     for expert in flat[valid].unique().tolist():
         slots = (flat == expert).nonzero().squeeze(1)
         gate, up = F.linear(hidden_states[source[slots]], w13[expert]).chunk(2, dim=-1)
         out[slots] = F.linear(F.silu(gate) * up, w2[expert])
-    weighted = out.view(tokens, k, -1).float() * topk_weights.float().unsqueeze(-1)
+    weighted = out.view(tokens, k, hidden).float() * topk_weights.float().unsqueeze(-1)
     return weighted.sum(dim=1).to(hidden_states.dtype)
 
 
