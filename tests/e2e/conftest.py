@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end suite: the tiny model, prompts and HF's greedy ids.
+"""Fixtures of the end-to-end suite: the tiny models (Qwen2, Qwen3-MoE), prompts and HF's
+greedy ids.
 
 Every test here talks to a real ``python -m sglang.launch_server`` (or the offline Engine) with
 sglang-fl installed, on CPU. Servers are shared per configuration (module-scoped fixtures) and
@@ -29,13 +30,12 @@ def prompt_ids(tiny_model) -> list[list[int]]:
     return [tok(t)["input_ids"] for t in PROMPT_TEXTS]
 
 
-@pytest.fixture(scope="session")
-def hf_ids(tiny_model, prompt_ids) -> list[list[int]]:
+def hf_greedy_ids(model_path, prompt_ids) -> list[list[int]]:
     """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
         for ids in prompt_ids:
@@ -46,3 +46,27 @@ def hf_ids(tiny_model, prompt_ids) -> list[list[int]]:
     return out
 
 
+@pytest.fixture(scope="session")
+def hf_ids(tiny_model, prompt_ids) -> list[list[int]]:
+    return hf_greedy_ids(tiny_model, prompt_ids)
+
+
+@pytest.fixture(scope="session")
+def moe_model(tmp_path_factory) -> Path:
+    """``make-tiny-model --preset qwen3-moe``: Qwen3-30B-A3B's routing at tiny sizes."""
+    from sglang_fl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3-moe", preset="qwen3-moe")
+
+
+@pytest.fixture(scope="session")
+def moe_prompt_ids(moe_model) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(moe_model)
+    return [tok(t)["input_ids"] for t in PROMPT_TEXTS]
+
+
+@pytest.fixture(scope="session")
+def moe_hf_ids(moe_model, moe_prompt_ids) -> list[list[int]]:
+    return hf_greedy_ids(moe_model, moe_prompt_ids)

@@ -1,5 +1,6 @@
 """Empty mode on an NVIDIA GPU: SGLang without sglang-kernel, flashinfer and apache-tvm-ffi
-serves through sglang-fl, and never calls a stand-in.
+serves through sglang-fl, and never calls a stand-in: the dense tiny Qwen2, and the tiny
+Qwen3-MoE whose router and experts run on FlagGems (``topk`` / ``fused_moe`` on flagos).
 
 Runs only on a CUDA host whose SGLang install really lacks those packages (the point of the
 test); on CI's CPU machine it skips. Layer 1 is off (``USE_FLAGGEMS=0``) to isolate what this
@@ -30,12 +31,11 @@ if any(installed(d) for d in ("sglang-kernel", "sgl-kernel", "flashinfer-python"
                 allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def hf_ids_cuda(tiny_model, prompt_ids):
+def _hf_ids_cuda(model_path, prompt_ids):
     from transformers import AutoModelForCausalLM
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda().eval()
     out = []
     with torch.no_grad():
         for ids in prompt_ids:
@@ -45,6 +45,11 @@ def hf_ids_cuda(tiny_model, prompt_ids):
                                  pad_token_id=0)
             out.append(gen[0, len(ids):].tolist())
     return out
+
+
+@pytest.fixture(scope="module")
+def hf_ids_cuda(tiny_model, prompt_ids):
+    return _hf_ids_cuda(tiny_model, prompt_ids)
 
 
 def test_empty_install_serves_on_cuda(tiny_model, prompt_ids, hf_ids_cuda, tmp_path):
@@ -59,3 +64,20 @@ def test_empty_install_serves_on_cuda(tiny_model, prompt_ids, hf_ids_cuda, tmp_p
     # Exact greedy equality with HF over the first tokens; later tokens may part on float
     # reduction order (different attention kernels), which is not what this test is about.
     assert [ids[:8] for ids in got] == [ids[:8] for ids in hf_ids_cuda]
+
+
+def test_empty_install_serves_moe_on_cuda_with_flaggems(moe_model, moe_prompt_ids, tmp_path):
+    """No sgl_kernel: TopK and FusedMoE's experts on FlagGems, with CUDA graphs (SGLang's GPU
+    default), against HF transformers on the same GPU."""
+    hf = _hf_ids_cuda(moe_model, moe_prompt_ids)
+    with serve(moe_model, tmp_path, USE_FLAGGEMS="0") as srv:
+        got = greedy_ids(srv, moe_prompt_ids)
+        log = srv.log_text()
+    lines = dispatch_lines(tmp_path)
+    print("served:", got, "\nhf:", hf, "\ndispatch:", lines)
+    assert standin_calls_in(log) == []
+    assert "keeps SGLang's own forward" not in log
+    assert "[OOT-DISPATCH] TopK → flagos(flagos)" in lines, lines
+    assert "[OOT-DISPATCH] UnquantizedFusedMoEMethod → flagos(flagos)" in lines, lines
+    # FlagGems' fp32 GEMMs may use TF32: exact over the first tokens, as above.
+    assert [ids[:8] for ids in got] == [ids[:8] for ids in hf]

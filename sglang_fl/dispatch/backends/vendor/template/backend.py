@@ -8,6 +8,10 @@
    ``rms_norm`` with a residual must add ``x + residual + post_residual_addition`` in fp32, as
    SGLang's ``RMSNorm.forward_native`` does; a fused add-norm kernel that takes only two inputs
    gets them from ``self.residual_sum_parts`` (see ``vendor/cuda`` for the pattern).
+   MoE: ``topk`` gets the routing as arguments and returns ``(weights fp32, ids int32)``;
+   ``fused_moe`` reads ``obj.w13_weight`` / ``obj.w2_weight``. A kernel that covers only some
+   routings (e.g. softmax, ungrouped) runs the others with
+   ``sglang_fl.dispatch.backends.reference.select_experts`` (see ``vendor/cuda``).
 
 This template registers nothing: ``is_available()`` is always False.
 """
