@@ -53,8 +53,29 @@ def test_ops_json_on_this_cpu_explains_every_choice():
     assert backends["reference"]["available"]
     assert not backends["flagos"]["available"] and "flag_gems" in backends["flagos"]["detail"]
     assert backends["vendor.template"]["detail"].startswith("template backend")
-    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk", "fused_moe"):
         assert data["ops"][op]["chosen"] == "reference(reference)"
+
+
+def test_ops_lists_the_moe_ops_with_the_impl_chosen_and_why():
+    proc = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "flagos"})
+    assert proc.returncode == 0, proc.stderr
+    for op in ("topk", "fused_moe"):
+        block = proc.stdout.split(f"  {op} ", 1)[1].split("\n  ", 4)
+        assert block[0].strip().startswith("chosen: reference(reference)   order: flagos>vendor>reference")
+        assert any(line.strip().startswith("skipped flagos: import flag_gems failed") for line in block)
+        assert any(line.strip().startswith("skipped vendor.cuda: no CUDA device") for line in block)
+
+
+def test_moe_op_whose_only_kind_is_a_denied_vendor_has_no_implementation():
+    """SGLANG_FL_DENY_VENDORS=cuda, strict, and fused_moe allowed only on a vendor: no flagos or
+    reference impl may serve it."""
+    env = {"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_STRICT": "1", "SGLANG_FL_DENY_VENDORS": "cuda",
+           "SGLANG_FL_PER_OP": "fused_moe=vendor"}
+    proc = cli("ops", env=env)
+    assert proc.returncode == 1
+    assert "No available implementation for op 'fused_moe': accepts vendor (strict)" in proc.stdout
+    assert "topk" in proc.stdout and "No available implementation for op 'topk'" not in proc.stdout
 
 
 def test_ops_says_per_op_why_the_preferred_kind_was_not_used():

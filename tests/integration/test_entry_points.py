@@ -100,8 +100,9 @@ def test_strict_with_unavailable_backend_fails_at_plugin_load_naming_every_op():
                                   "SGLANG_FL_PLATFORM": "cpu"})
     assert proc.returncode != 0 and "RESULT" not in proc.stdout  # before any model is built
     assert ("sglang-fl: No available implementation for ops 'silu_and_mul', 'rms_norm', "
-            "'gemma_rms_norm', 'rotary_embedding' (SGLANG_FL_STRICT=1") in proc.stderr
-    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
+            "'gemma_rms_norm', 'rotary_embedding', 'topk', 'fused_moe' (SGLANG_FL_STRICT=1"
+            ) in proc.stderr
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk", "fused_moe"):
         assert f"  {op}: accepts flagos (strict); no flagos: flagos: import flag_gems failed" in \
             proc.stderr
         assert "; registered: reference" in proc.stderr
@@ -121,7 +122,8 @@ def test_preferred_kind_unavailable_is_logged_once_per_op_at_plugin_load():
     result_of(proc)
     lines = [ln for ln in proc.stderr.splitlines() if "preferred vendor unavailable" in ln]
     assert [ln.split("] ", 1)[1].split(":", 1)[0] for ln in lines] == [
-        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"]  # once, not per layer
+        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk",
+        "fused_moe"]  # once, not per layer
     for ln in lines:
         assert ln.startswith("[sglang-fl WARNING]")
         assert "vendor.cuda: no CUDA device" in ln and "torch_npu is not installed" in ln
@@ -149,3 +151,13 @@ def test_platform_entry_point_returns_platform_fl_keeping_sglang_identity():
     assert res["repr"].startswith("PlatformFL(platform=cpu")
     assert res["cpu"] and not res["oot"] and not res["graphs"] and res["mem"]
     assert res["dist"] == "gloo"
+
+
+def test_moe_op_left_without_an_implementation_stops_plugin_load():
+    """SGLANG_FL_DENY_VENDORS=cuda with SGLANG_FL_STRICT=1 and an MoE op that may only run on a
+    vendor (no flagos/reference impl acceptable): the server never starts, with the op named."""
+    proc = run_python(LOAD_ONLY, {"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_STRICT": "1",
+                                  "SGLANG_FL_DENY_VENDORS": "cuda", "SGLANG_FL_PER_OP": "topk=vendor"})
+    assert proc.returncode != 0 and "RESULT" not in proc.stdout
+    assert "No available implementation for op 'topk': accepts vendor (strict)" in proc.stderr
+    assert "vendor 'cuda' in SGLANG_FL_DENY_VENDORS" in proc.stderr or "no CUDA device" in proc.stderr
