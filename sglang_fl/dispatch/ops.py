@@ -209,6 +209,20 @@ OPS: tuple[OpSpec, ...] = (
         serves=("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding",),
     ),
     OpSpec(
+        name="mrotary_embedding",
+        signature=("(obj, query, key, cos, sin, positions, mrope_section, "
+                   "mrope_interleaved=False, rotary_interleaved=False, inplace=True)"),
+        layer_attrs=("head_size",),
+        contract=(
+            "Multimodal RoPE (Qwen2-VL to Qwen3.5/3.6): as rotary_embedding, but positions is "
+            "[3, tokens] (temporal, height, width) and rotary pair i (of rotary_dim // 2) takes "
+            "cos/sin from one of the three. mrope_section = (t, h, w) pair counts, summing to "
+            "rotary_dim // 2: pairs [0, t) from T, [t, t + h) from H, the rest from W; with "
+            "mrope_interleaved, pair i from H if i % 3 == 1 and i < 3h, from W if i % 3 == 2 and "
+            "i < 3w, else from T. positions of shape [tokens] (text only) serve all three axes."),
+        serves=("sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",),
+    ),
+    OpSpec(
         name="topk",
         signature=("(obj, hidden_states, router_logits, top_k, renormalize=True, "
                    "scoring_func='softmax', correction_bias=None, num_expert_group=None, "
@@ -266,6 +280,12 @@ def op_spec(name: str) -> OpSpec:
         raise KeyError(f"unknown op {name!r}{did_you_mean(name)}; ops: {', '.join(OP_NAMES)}") from None
 
 
-def did_you_mean(name: str, choices=OP_NAMES) -> str:
+def closest(name: str, choices=OP_NAMES) -> str | None:
+    """The name in ``choices`` that ``name`` is most likely a misspelling of, if any."""
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.8)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, choices=OP_NAMES) -> str:
+    close = closest(name, choices)
+    return f" (did you mean {close!r}?)" if close else ""

@@ -100,9 +100,11 @@ def test_strict_with_unavailable_backend_fails_at_plugin_load_naming_every_op():
                                   "SGLANG_FL_PLATFORM": "cpu"})
     assert proc.returncode != 0 and "RESULT" not in proc.stdout  # before any model is built
     assert ("sglang-fl: No available implementation for ops 'silu_and_mul', 'rms_norm', "
-            "'gemma_rms_norm', 'rotary_embedding', 'topk', 'fused_moe' (SGLANG_FL_STRICT=1"
+            "'gemma_rms_norm', 'rotary_embedding', 'mrotary_embedding', 'topk', 'fused_moe' "
+            "(SGLANG_FL_STRICT=1"
             ) in proc.stderr
-    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk", "fused_moe"):
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding",
+               "topk", "fused_moe"):
         assert f"  {op}: accepts flagos (strict); no flagos: flagos: import flag_gems failed" in \
             proc.stderr
         assert "; registered: reference" in proc.stderr
@@ -122,8 +124,8 @@ def test_preferred_kind_unavailable_is_logged_once_per_op_at_plugin_load():
     result_of(proc)
     lines = [ln for ln in proc.stderr.splitlines() if "preferred vendor unavailable" in ln]
     assert [ln.split("] ", 1)[1].split(":", 1)[0] for ln in lines] == [
-        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk",
-        "fused_moe"]  # once, not per layer
+        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding",
+        "topk", "fused_moe"]  # once, not per layer
     for ln in lines:
         assert ln.startswith("[sglang-fl WARNING]")
         assert "vendor.cuda: no CUDA device" in ln and "torch_npu is not installed" in ln

@@ -17,12 +17,12 @@ from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, NoImpleme
 
 
 def tagged(tag):
-    def fn(obj, x):
+    def fn(obj, x, residual=None, post_residual_addition=None):
         return (tag, x)
     return fn
 
 
-def failing(obj, x):
+def failing(obj, x, residual=None, post_residual_addition=None):
     raise RuntimeError("kernel exploded")
 
 
@@ -247,7 +247,7 @@ def test_survives_fork_rediscovery_and_resolution_in_child(monkeypatch):
         code = 1
         try:
             child = manager_mod.get_manager()
-            discover_backends(child)
+            discover_backends(child.registry)
             child.reset_resolution()
             code = 0 if child.resolve("rms_norm").impl.impl_id == "reference" else 2
         finally:
