@@ -93,6 +93,16 @@ def make_rope(head_size, rotary_dim, is_neox_style, dtype, max_pos=32768, base=1
     return RotaryEmbedding(head_size, rotary_dim, max_pos, base, is_neox_style, dtype).to("cuda")
 
 
+def make_mrope(head_size, rotary_dim, mrope_section, interleaved, dtype, max_pos=32768,
+               base=10_000_000):
+    """A real SGLang MRotaryEmbedding (fp32 cos/sin cache on CUDA, as in serving)."""
+    sglang_ready()
+    from sglang.srt.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+    return MRotaryEmbedding(head_size, rotary_dim, max_pos, base, True, dtype,
+                            mrope_section=list(mrope_section), mrope_interleaved=interleaved).to("cuda")
+
+
 def rope_caches(layer):
     """The standard op's cos/sin arguments: halves of the layer's ``[max_pos, rot_dim]`` cache."""
     cos, sin = layer.cos_sin_cache.chunk(2, dim=-1)

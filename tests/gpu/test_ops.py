@@ -23,6 +23,7 @@ from gpu_support import (  # noqa: E402
     TOKENS,
     TOLERANCES,
     assert_close,
+    make_mrope,
     make_rms_norm,
     make_rope,
     make_silu_and_mul,
@@ -30,6 +31,12 @@ from gpu_support import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.gpu
+
+
+def _needs(backend, op):
+    """vendor.cuda offers each op where its kernel package is real (sgl_kernel, tvm_ffi, triton)."""
+    if op not in backend.implemented_ops():
+        pytest.skip(f"{backend.impl_id()} has no {op} here: {backend.unavailable_reason}")
 
 
 def _randn(*shape, dtype, seed):
@@ -42,6 +49,7 @@ def _randn(*shape, dtype, seed):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
+    _needs(backend, "rms_norm")
     layer = make_rms_norm(hidden, dtype)
     x = _randn(tokens, hidden, dtype=dtype, seed=1)
     if residual == "plain":
@@ -61,6 +69,7 @@ def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
 @pytest.mark.parametrize("tokens", (1, 128, 8192))
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
+    _needs(backend, "gemma_rms_norm")
     hidden = 2304  # Gemma-2-2B
     layer = make_rms_norm(hidden, dtype, gemma=True)
     x = _randn(tokens, hidden, dtype=dtype, seed=3)
@@ -80,6 +89,7 @@ def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
 @pytest.mark.parametrize("intermediate", (4864, 14336))  # Qwen2.5-0.5B, Llama-3-8B
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
+    _needs(backend, "silu_and_mul")
     layer = make_silu_and_mul()
     x = _randn(tokens, 2 * intermediate, dtype=dtype, seed=5)
     got = backend.silu_and_mul(layer, x)
@@ -96,8 +106,7 @@ ROPE_SHAPES = [(64, 64, 14, 2), (128, 128, 32, 8), (128, 64, 32, 8)]
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     head_size, rot_dim, qh, kh = shape
-    if backend.name == "cuda" and "rotary_embedding" not in backend.implemented_ops():
-        pytest.skip("vendor.cuda RoPE needs the real apache-tvm-ffi")
+    _needs(backend, "rotary_embedding")
     layer = make_rope(head_size, rot_dim, neox, dtype)
     cos, sin = rope_caches(layer)
     q = _randn(tokens, qh * head_size, dtype=dtype, seed=6)
@@ -161,9 +170,46 @@ def _assert_inplace_rope_stable(backend, layer, q, k, cos, sin, pos, interleaved
 
 def test_rms_norm_3d_input(backend, reference):
     """SGLang calls RMSNorm on [batch, seq, hidden] views too (q/k norms)."""
+    _needs(backend, "rms_norm")
     layer = make_rms_norm(128, torch.bfloat16)
     x = _randn(4, 16, 128, dtype=torch.bfloat16, seed=9)
     assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+
+
+# (head_size, rotary_dim, mrope_section, interleaved, q heads, kv heads): Qwen3.5/3.6 (partial
+# rotary), Qwen3-VL, Qwen2.5-VL.
+MROPE_SHAPES = [(256, 64, (11, 11, 10), True, 24, 4), (128, 128, (24, 20, 20), True, 32, 8),
+                (128, 128, (16, 24, 24), False, 28, 4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MROPE_SHAPES, ids=lambda s: f"hd{s[0]}-rot{s[1]}-{s[2]}-{s[3]}")
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_mrotary_embedding(cuda_vendor, reference, tokens, shape, dtype):
+    """vendor.cuda's mRoPE (SGLang's Triton kernel) against the reference arithmetic in fp32,
+    on multimodal [3, tokens] and text-only [tokens] positions, in place and not."""
+    _needs(cuda_vendor, "mrotary_embedding")
+    head_size, rot_dim, section, interleaved, qh, kh = shape
+    layer = make_mrope(head_size, rot_dim, section, interleaved, dtype)
+    cos, sin = rope_caches(layer)
+    q = _randn(tokens, qh * head_size, dtype=dtype, seed=11)
+    k = _randn(tokens, kh * head_size, dtype=dtype, seed=12)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    positions = torch.randint(0, layer.max_position_embeddings, (3, tokens), device="cuda", generator=g)
+    for pos in (positions, positions[0]):
+        ref_q, ref_k = reference.mrotary_embedding(layer, q.float(), k.float(), cos, sin, pos,
+                                                   section, interleaved, False, True)
+        ref_q, ref_k = ref_q.to(dtype), ref_k.to(dtype)
+        for inplace in (True, False):
+            qq, kk = q.clone(), k.clone()
+            got_q, got_k = cuda_vendor.mrotary_embedding(layer, qq, kk, cos, sin, pos, section,
+                                                         interleaved, False, inplace)
+            assert_close(got_q, ref_q, f"query (inplace={inplace}, positions {tuple(pos.shape)})")
+            assert_close(got_k, ref_k, f"key (inplace={inplace}, positions {tuple(pos.shape)})")
+            if inplace:
+                assert got_q.data_ptr() == qq.data_ptr()
+            else:
+                assert torch.equal(qq, q), "query untouched by the out-of-place call"
 
 
 def test_strict_selection_resolves_to_flagos(monkeypatch):
