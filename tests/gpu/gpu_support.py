@@ -32,8 +32,14 @@ TOKENS = (1, 7, 128, 1024, 8192)
 HIDDEN = (896, 4096, 8192)  # Qwen2.5-0.5B, Llama-3-8B, Llama-3-70B
 
 
-def assert_close(actual, expected, what=""):
-    tol = TOLERANCES[expected.dtype]
+def assert_close(actual, expected, what="", op=None):
+    """Within ``op``'s tolerance in the op table, or the generic rounding one."""
+    if op is not None:
+        from sglang_fl.dispatch.ops import op_spec
+
+        tol = op_spec(op).tolerance.for_dtype(expected.dtype)
+    else:
+        tol = TOLERANCES[expected.dtype]
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tol)

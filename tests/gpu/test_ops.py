@@ -21,7 +21,6 @@ from gpu_support import (  # noqa: E402
     DTYPES,
     HIDDEN,
     TOKENS,
-    TOLERANCES,
     assert_close,
     make_mrope,
     make_rms_norm,
@@ -53,7 +52,7 @@ def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
     layer = make_rms_norm(hidden, dtype)
     x = _randn(tokens, hidden, dtype=dtype, seed=1)
     if residual == "plain":
-        assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+        assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out", op="rms_norm")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=2)
     post = _randn(tokens, hidden, dtype=dtype, seed=9) if residual == "post" else None
@@ -61,8 +60,8 @@ def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
     ref_out, ref_res = reference.rms_norm(layer, x.clone(), r.clone(), post)
     if post is not None:  # x + residual + post summed in fp32 and rounded once, as forward_native
         assert torch.equal(res, ref_res), "residual with post_residual_addition"
-    assert_close(res, ref_res, "residual")
-    assert_close(out, ref_out, "out")
+    assert_close(res, ref_res, "residual", op="rms_norm")
+    assert_close(out, ref_out, "out", op="rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -75,14 +74,14 @@ def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
     x = _randn(tokens, hidden, dtype=dtype, seed=3)
     if residual == "plain":
         got = backend.gemma_rms_norm(layer, x.clone())
-        assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out")
+        assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out", op="gemma_rms_norm")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=4)
     post = _randn(tokens, hidden, dtype=dtype, seed=10) if residual == "post" else None
     out, res = backend.gemma_rms_norm(layer, x.clone(), r.clone(), post)
     ref_out, ref_res = reference.gemma_rms_norm(layer, x.clone(), r.clone(), post)
-    assert_close(res, ref_res, "residual")
-    assert_close(out, ref_out, "out")
+    assert_close(res, ref_res, "residual", op="gemma_rms_norm")
+    assert_close(out, ref_out, "out", op="gemma_rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -93,7 +92,7 @@ def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
     layer = make_silu_and_mul()
     x = _randn(tokens, 2 * intermediate, dtype=dtype, seed=5)
     got = backend.silu_and_mul(layer, x)
-    assert_close(got, reference.silu_and_mul(layer, x), "out")
+    assert_close(got, reference.silu_and_mul(layer, x), "out", op="silu_and_mul")
 
 
 # (head_size, rotary_dim, q heads, kv heads): Qwen2.5-0.5B, Llama-3-8B, partial rotary (GLM-style).
@@ -123,12 +122,12 @@ def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     for inplace in (True, False):
         qq, kk = q.clone(), k.clone()
         got_q, got_k = backend.rotary_embedding(layer, qq, kk, cos, sin, pos, interleaved, inplace)
-        assert_close(got_q, ref_q, f"query (inplace={inplace})")
-        assert_close(got_k, ref_k, f"key (inplace={inplace})")
+        assert_close(got_q, ref_q, f"query (inplace={inplace})", op="rotary_embedding")
+        assert_close(got_k, ref_k, f"key (inplace={inplace})", op="rotary_embedding")
         if inplace:
             assert got_q.data_ptr() == qq.data_ptr(), "in-place RoPE must return the input buffer"
         else:
-            assert_close(qq, q, "query untouched by the out-of-place call")
+            assert_close(qq, q, "query untouched by the out-of-place call", op="rotary_embedding")
     # The pass-through channels of a partial rotary are never modified.
     if rot_dim < head_size:
         view = ref_q.view(tokens, qh, head_size)[..., rot_dim:]
@@ -144,7 +143,9 @@ ROPE_REPEATS = int(os.environ.get("SGLANG_FL_TEST_ROPE_REPEATS", "200"))
 def _assert_inplace_rope_stable(backend, layer, q, k, cos, sin, pos, interleaved, ref_q, ref_k):
     """In-place RoPE, repeated on separate q/k and on views of one qkv buffer (as SGLang's
     attention layers pass them): every element of every call within tolerance."""
-    tol = TOLERANCES[ref_q.dtype]
+    from sglang_fl.dispatch.ops import op_spec
+
+    tol = op_spec("rotary_embedding").tolerance.for_dtype(ref_q.dtype)
     tokens = q.shape[0]
     qkv = torch.empty(tokens, q.shape[1] + 2 * k.shape[1], device="cuda", dtype=q.dtype)
     qv, kv, _ = qkv.split([q.shape[1], k.shape[1], k.shape[1]], dim=-1)
@@ -173,7 +174,7 @@ def test_rms_norm_3d_input(backend, reference):
     _needs(backend, "rms_norm")
     layer = make_rms_norm(128, torch.bfloat16)
     x = _randn(4, 16, 128, dtype=torch.bfloat16, seed=9)
-    assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+    assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out", op="rms_norm")
 
 
 # (head_size, rotary_dim, mrope_section, interleaved, q heads, kv heads): Qwen3.5/3.6 (partial
@@ -204,8 +205,9 @@ def test_mrotary_embedding(cuda_vendor, reference, tokens, shape, dtype):
             qq, kk = q.clone(), k.clone()
             got_q, got_k = cuda_vendor.mrotary_embedding(layer, qq, kk, cos, sin, pos, section,
                                                          interleaved, False, inplace)
-            assert_close(got_q, ref_q, f"query (inplace={inplace}, positions {tuple(pos.shape)})")
-            assert_close(got_k, ref_k, f"key (inplace={inplace}, positions {tuple(pos.shape)})")
+            what = f"(inplace={inplace}, positions {tuple(pos.shape)})"
+            assert_close(got_q, ref_q, f"query {what}", op="mrotary_embedding")
+            assert_close(got_k, ref_k, f"key {what}", op="mrotary_embedding")
             if inplace:
                 assert got_q.data_ptr() == qq.data_ptr()
             else:

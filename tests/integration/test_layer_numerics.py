@@ -11,18 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_fl.dispatch.ops import op_spec
+
 pytestmark = pytest.mark.integration
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
-       torch.float16: dict(atol=2e-3, rtol=2e-3)}
 TOKENS = [1, 7, 128, 2048]
 # Qwen2.5-0.5B, Llama-3-8B, Qwen2.5-14B/32B hidden sizes, and one that is no power of two
 NORM_HIDDEN = [896, 1000, 4096, 5120]
 NORM_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def _close(a, b, dtype):
-    torch.testing.assert_close(a, b, **TOL[dtype])
+def _close(a, b, dtype, op):
+    """Within the op table's tolerance for ``op``."""
+    torch.testing.assert_close(a, b, **op_spec(op).tolerance.for_dtype(dtype))
 
 
 def _same(got, want, what):
@@ -165,7 +166,7 @@ def test_kernel_backends_add_post_residual_addition_as_forward_native(sglang_wit
         want = layer.forward_native(x.clone(), res.clone(), post_arg)
         got = backend.rms_norm(layer, x.clone(), res.clone(), post_arg)
         _same(got[1], want[1], f"{impl_id} residual (post {post_arg is not None})")
-        _close(got[0], want[0], dtype)
+        _close(got[0], want[0], dtype, "rms_norm")
         assert (got[0] != want[0]).float().mean() < 0.01  # only the kernel's reduction order
     if impl_id == "vendor.musa":
         return  # torch_musa has no Gemma norm kernel; the op falls through
@@ -174,7 +175,7 @@ def test_kernel_backends_add_post_residual_addition_as_forward_native(sglang_wit
     want = gemma.forward_native(x.clone(), res.clone(), post)
     got = backend.gemma_rms_norm(gemma, x.clone(), res.clone(), post)
     _same(got[1], want[1], f"{impl_id} gemma residual")
-    _close(got[0], want[0], dtype)
+    _close(got[0], want[0], dtype, "gemma_rms_norm")
 
 
 def test_rms_norm_non_contiguous_and_3d_input(sglang_with_plugin):
@@ -197,7 +198,7 @@ def test_rms_norm_with_unsupported_options_keeps_sglang_forward(sglang_with_plug
 
     layer = RMSNorm(64, var_hidden_size=32)
     x = torch.randn(3, 64)
-    _close(layer.forward(x), layer.forward_native(x), torch.float32)
+    _close(layer.forward(x), layer.forward_native(x), torch.float32, "rms_norm")
     assert getattr(layer._forward_method, "__self__", None) is layer  # SGLang's own method
 
 
@@ -209,9 +210,9 @@ def test_silu_and_mul(sglang_with_plugin, dtype, tokens, intermediate):
 
     layer = SiluAndMul()
     x = torch.randn(tokens, 2 * intermediate, dtype=dtype)
-    _close(layer.forward(x), layer.forward_native(x), dtype)
+    _close(layer.forward(x), layer.forward_native(x), dtype, "silu_and_mul")
     xt = torch.randn(2 * intermediate, tokens, dtype=dtype).t()  # non-contiguous
-    _close(layer.forward(xt), layer.forward_native(xt), dtype)
+    _close(layer.forward(xt), layer.forward_native(xt), dtype, "silu_and_mul")
 
 
 ROPE_CASES = [
@@ -238,12 +239,12 @@ def test_rotary_embedding(sglang_with_plugin, dtype, tokens, case):
     q, k, _ = qkv.split([hq * head_size, hk * head_size, hk * head_size], dim=-1)
     want_q, want_k = rope.forward_native(positions, q.clone(), k.clone())
     got_q, got_k = rope.forward(positions, q.clone(), k.clone())
-    _close(got_q, want_q, dtype)
-    _close(got_k, want_k, dtype)
+    _close(got_q, want_q, dtype, "rotary_embedding")
+    _close(got_k, want_k, dtype, "rotary_embedding")
     # in place on the views, like SGLang's CUDA kernel
     got_q, got_k = rope.forward(positions, q, k)
-    _close(q, want_q, dtype)
-    _close(k, want_k, dtype)
+    _close(q, want_q, dtype, "rotary_embedding")
+    _close(k, want_k, dtype, "rotary_embedding")
 
 
 def test_rotary_offsets(sglang_with_plugin):
@@ -255,8 +256,8 @@ def test_rotary_offsets(sglang_with_plugin):
     q, k = torch.randn(6, 4 * 64), torch.randn(6, 64)
     want = rope.forward_native(positions, q.clone(), k.clone(), offsets)
     got = rope.forward(positions, q.clone(), k.clone(), offsets)
-    _close(got[0], want[0], torch.float32)
-    _close(got[1], want[1], torch.float32)
+    _close(got[0], want[0], torch.float32, "rotary_embedding")
+    _close(got[1], want[1], torch.float32, "rotary_embedding")
 
 
 def test_rope_subclass_with_its_own_cache_is_routed(sglang_with_plugin):
@@ -269,7 +270,7 @@ def test_rope_subclass_with_its_own_cache_is_routed(sglang_with_plugin):
     q, k = torch.randn(5, 128), torch.randn(5, 64)
     want = rope.forward_native(pos, q.clone(), k.clone())
     got = rope.forward(pos, q.clone(), k.clone())
-    _close(got[0], want[0], torch.float32)
+    _close(got[0], want[0], torch.float32, "rotary_embedding")
     assert rope._forward_method.__module__ == "sglang_fl.sglang_glue.bridges"
 
 
