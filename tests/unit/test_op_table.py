@@ -340,3 +340,24 @@ def test_no_import_cycle_between_sglang_fl_modules():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_vendor_cuda_offers_each_op_where_its_kernel_package_is_real(monkeypatch):
+    """An "empty" SGLang install on a GPU has Triton but no sgl_kernel: vendor.cuda still offers
+    SGLang's Triton mRoPE, and says why the rest is missing (stand-ins for what is absent)."""
+    from sglang_fl.dispatch.backends.vendor.cuda import backend as cuda_backend
+    from sglang_fl.dispatch.discovery import _status
+
+    real = {"triton": (True, ""), "sgl_kernel": (False, "sgl_kernel is not installed"),
+            "tvm_ffi": (False, "tvm_ffi is an sglang-fl stand-in")}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_backend, "real_module_available", lambda name: real[name])
+    backend = CudaBackend()
+    assert backend.available() and backend.implemented_ops() == ("mrotary_embedding",)
+    status = _status(backend.impl_id(), "vendor", backend, backend.implemented_ops(), "built-in")
+    assert status.available and status.missing == (
+        "sgl_kernel is not installed; tvm_ffi is an sglang-fl stand-in")
+    real["triton"] = (False, "triton is not installed")
+    backend = CudaBackend()
+    assert not backend.available()
+    assert backend.unavailable_reason.startswith("sgl_kernel is not installed")
