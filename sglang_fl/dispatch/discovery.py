@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import sys
 from importlib.metadata import entry_points
 
 from sglang_fl.dispatch.backends import Backend, register_backend, vendor
@@ -43,22 +44,23 @@ def discover_backends(registry: OpRegistry) -> list[BackendStatus]:
 
     statuses = []
     for backend in (ReferenceBackend(), FlagGemsBackend()):
-        verify_backend_class(type(backend), backend.impl_id())  # ours: a mismatch is a bug
-        ok = register_backend(registry, backend)
+        ok = register_backend(registry, backend)  # ours: a table mismatch raises, it is a bug
         statuses.append(_status(backend.impl_id(), backend.kind.value, backend,
                                 backend.implemented_ops() if ok else (), "built-in"))
 
     sources = [(name, f"built-in {vendor.__name__}.{name}.register_ops",
-                lambda name=name: importlib.import_module(f"{vendor.__name__}.{name}.register_ops"))
+                lambda name=name: importlib.import_module(f"{vendor.__name__}.{name}.register_ops"),
+                f"{vendor.__name__}.{name}")
                for name in vendor_folders()]
-    sources += [(ep.name, f"entry point {ep.value}", ep.load)
+    sources += [(ep.name, f"entry point {ep.value}", ep.load, ep.module.rpartition(".")[0] or ep.module)
                 for ep in entry_points(group=VENDOR_ENTRY_POINT_GROUP)]
-    for name, origin, load in sources:
-        statuses.append(_register_vendor(registry, name, origin, load))
+    for name, origin, load, package in sources:
+        statuses.append(_register_vendor(registry, name, origin, load, package))
     return statuses
 
 
-def _register_vendor(registry: OpRegistry, name: str, origin: str, load) -> BackendStatus:
+def _register_vendor(registry: OpRegistry, name: str, origin: str, load,
+                     package: str = "") -> BackendStatus:
     impl_id = f"vendor.{name}"
     staging = OpRegistry()
     try:
@@ -71,6 +73,12 @@ def _register_vendor(registry: OpRegistry, name: str, origin: str, load) -> Back
         logger.error("vendor backend %r refused: %s", name, exc)
         return BackendStatus(impl_id, "vendor", False, f"refused: {exc}")
     except Exception as exc:  # noqa: BLE001 - one broken vendor must not stop the others
+        # E.g. ``backend.rms_norm`` named in register_ops.py while the class spells it
+        # ``rmsnorm``: the backend classes the vendor loaded say it more precisely.
+        refusal = _refusal_of_loaded_classes(package, impl_id)
+        if refusal is not None:
+            logger.error("vendor backend %r refused: %s", name, refusal)
+            return BackendStatus(impl_id, "vendor", False, f"refused: {refusal}")
         logger.warning("vendor backend %r failed to register: %s: %s", name, type(exc).__name__, exc)
         return BackendStatus(impl_id, "vendor", False, f"register failed: {exc}")
     kept = [i for i in staging.all_impls()
@@ -78,6 +86,23 @@ def _register_vendor(registry: OpRegistry, name: str, origin: str, load) -> Back
     registry.merge(kept)
     return _status(impl_id, "vendor", backend, tuple(sorted({i.op_name for i in kept})), origin,
                    unavailable="is_available() returned False" if staging.all_impls() else "")
+
+
+def _refusal_of_loaded_classes(package: str, impl_id: str) -> InvalidImplError | None:
+    """The op-table refusal of a Backend class defined in ``package``'s loaded modules, if any."""
+    if not package:
+        return None
+    for modname, module in list(sys.modules.items()):
+        if module is None or not (modname == package or modname.startswith(package + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if (isinstance(value, type) and issubclass(value, Backend) and value is not Backend
+                    and value.__module__ == modname):
+                try:
+                    verify_backend_class(value, impl_id)
+                except InvalidImplError as exc:
+                    return exc
+    return None
 
 
 def _status(name: str, kind: str, backend: Backend | None, ops: tuple[str, ...], origin: str,

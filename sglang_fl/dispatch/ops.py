@@ -9,14 +9,15 @@ Each `OpSpec` in `OPS` says, for one op:
   SGLang's and vLLM's layers share, so an implementation runs unchanged in vllm-plugin-FL;
   whatever else it needs is an argument (the bridge extracts it from the SGLang layer);
 - ``contract``: what the signature cannot say (return value, dtype rules, in place or not);
-- ``serves``: the SGLang layer classes routed through the op, as ``module:Class`` of the
-  supported SGLang version (subclasses that keep the forward methods follow their class);
+- ``serves``: the SGLang layer classes (``MultiPlatformOp`` subclasses) routed through the op,
+  as ``module:Class`` of the supported SGLang version (subclasses that keep the forward methods
+  follow their nearest served class);
 - ``tolerance``: per output dtype, how close an implementation must come to the reference in
   the numerics tests.
 
 Everything else reads this table: Settings validates op and class names against it, backend
-registration checks every implementation against ``signature`` (`check_backend_class`,
-`check_impl`), the SGLang glue routes ``serves``, ``sglang-fl ops`` lists the ops.
+registration checks every implementation against ``signature`` (``verify.py``), the SGLang glue
+routes ``serves``, ``sglang-fl ops`` lists the ops, the numerics tests use ``tolerance``.
 
 Adding an op = an entry in `OPS` + its implementations (a method named like the op on each
 backend that has a kernel, the reference backend first) + a bridge in

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterable
 
 from sglang_fl.dispatch.types import OpImpl
-from sglang_fl.dispatch.verify import verify_impl
+from sglang_fl.dispatch.verify import verify_backend_class, verify_impl
 
 
 def _origin(impl: OpImpl):
@@ -35,6 +35,15 @@ class OpRegistry:
         """All of ``impls`` or, if one is refused, none of them."""
         for impl in [verify_impl(i) for i in impls]:
             self._add(impl)
+
+    def register_backend(self, backend) -> bool:
+        """Check ``backend``'s class against the op table (even where it is unavailable, so a
+        mistyped method shows on any machine), then register its ops if it is available."""
+        verify_backend_class(type(backend), backend.impl_id())
+        if not backend.available():
+            return False
+        self.register_many(backend.op_impls())
+        return True
 
     def merge(self, impls: Iterable[OpImpl]) -> None:
         """Add impls taken from another registry (checked when they were registered there)."""

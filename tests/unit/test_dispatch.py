@@ -258,3 +258,11 @@ def test_survives_fork_rediscovery_and_resolution_in_child(monkeypatch):
     manager_mod.reset_manager()
     reset_settings()
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_skipped_says_why_an_available_backend_lacks_an_op():
+    m = manager_for({"SGLANG_FL_PREFER": "vendor"})
+    m.record_backend(BackendStatus("vendor.cuda", "vendor", True, "built-in", ("mrotary_embedding",),
+                                   missing="sgl_kernel is not installed"))
+    assert ("vendor.cuda", "vendor", "implements no silu_and_mul here (sgl_kernel is not installed)") \
+        in m.skipped("silu_and_mul")

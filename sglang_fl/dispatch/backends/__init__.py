@@ -63,11 +63,9 @@ class Backend(ABC):
 
 
 def register_backend(registry, backend: Backend) -> bool:
-    """Register ``backend``'s ops if it is available; returns whether it was."""
-    if not backend.available():
-        return False
-    registry.register_many(backend.op_impls())
-    return True
+    """Register ``backend``'s ops if it is available; returns whether it was. Its class is
+    checked against the op table first, available or not (``OpRegistry.register_backend``)."""
+    return registry.register_backend(backend)
 
 
 def real_module_available(name: str) -> tuple[bool, str]:
