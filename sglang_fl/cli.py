@@ -1,9 +1,11 @@
 """``sglang-fl`` command line: inspect the effective configuration and op dispatch.
 
 - ``sglang-fl config [--json]``: every setting, its value and where it came from.
-- ``sglang-fl ops [--json]``: per op, the impl chosen on this machine, the candidates in
-  order, why every other registered impl or backend was skipped, and (``preferred_unavailable``)
-  the preferred kinds it had to pass over.
+- ``sglang-fl ops [--json]``: per op of the op table, its standard signature and the SGLang
+  classes it serves (and whether the OOT white/blacklist routes them), the impl chosen on this
+  machine, the kind order and the setting it came from, the candidates in order, why every
+  other registered impl or backend was skipped (a vendor refused by the op table included), and
+  (``preferred_unavailable``) the preferred kinds it had to pass over.
 Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
 Every subcommand stops quietly when its stdout is closed early (``| head``).
 """
@@ -17,7 +19,7 @@ import os
 import signal
 import sys
 
-from sglang_fl.config import FIELDS, OP_NAMES, SettingsError, get_settings
+from sglang_fl.config import FIELDS, SettingsError, get_settings
 
 _EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor")
 
@@ -46,21 +48,29 @@ def cmd_config(args) -> int:
 def ops_report() -> dict:
     """The data behind ``sglang-fl ops``: backends found and per-op resolution."""
     from sglang_fl.dispatch import NoImplementationError, get_manager
+    from sglang_fl.dispatch.ops import OPS
 
+    settings = get_settings()
     manager = get_manager()
     report = {
-        "platform": get_settings().platform,
+        "platform": settings.platform,
         "backends": [
             {"name": b.name, "kind": b.kind, "available": b.available,
-             "detail": b.reason, "ops": list(b.ops)}
+             "detail": b.reason, "ops": list(b.ops), "missing": b.missing}
             for b in manager.backends.values()
         ],
         "ops": {},
     }
-    for op in OP_NAMES:
+    for spec in OPS:
+        op = spec.name
         sel = manager.selection(op)
         entry = {
+            "signature": spec.describe(),
+            "serves": list(spec.class_names),
+            "routed": [c for c in spec.class_names if settings.routes_class((c,))],
             "order": list(manager.policy.kinds_for(op)),
+            "order_from": (f"op_backends ({settings.origins['op_backends']})"
+                           if op in settings.op_backends else f"prefer ({settings.origins['prefer']})"),
             "candidates": [i.impl_id for i in sel.candidates],
             "skipped": [{"impl": name, "why": why} for name, _, why in manager.skipped(op, sel)],
         }
@@ -83,21 +93,30 @@ def cmd_ops(args) -> int:
     print(f"platform: {report['platform']}")
     print("backends:")
     for b in report["backends"]:
-        state = f"available ({', '.join(b['ops'])})" if b["available"] else f"unavailable: {b['detail']}"
+        if b["available"]:
+            state = f"available ({', '.join(b['ops'])})"
+            state += f"; lacks the rest here: {b['missing']}" if b["missing"] else ""
+        else:
+            state = f"unavailable: {b['detail']}"
         print(f"  {b['name']:<16} {b['kind']:<9} {state}")
     print("ops:")
     ok = True
+    pad = " " * 19
     for op, e in report["ops"].items():
-        print(f"  {op:<17} chosen: {e['chosen'] or 'NONE'}   order: {'>'.join(e['order'])}")
-        print(f"  {'':<17} candidates: {', '.join(e['candidates']) or '-'}")
+        print(f"  {op:<17} chosen: {e['chosen'] or 'NONE'}   order: {'>'.join(e['order'])} "
+              f"(from {e['order_from']})")
+        not_routed = [c for c in e["serves"] if c not in e["routed"]]
+        serves = ", ".join(e["serves"]) + (f" (not routed: {', '.join(not_routed)})" if not_routed else "")
+        print(f"{pad}serves: {serves}; signature: {e['signature']}")
+        print(f"{pad}candidates: {', '.join(e['candidates']) or '-'}")
         for s in e["skipped"]:
-            print(f"  {'':<17} skipped {s['impl']}: {s['why']}")
+            print(f"{pad}skipped {s['impl']}: {s['why']}")
         if e.get("preferred_unavailable"):
             kinds = ", ".join(p["kind"] for p in e["preferred_unavailable"])
-            print(f"  {'':<17} NOTE: no {kinds} impl here (see skipped): using {e['chosen']}")
+            print(f"{pad}NOTE: no {kinds} impl here (see skipped): using {e['chosen']}")
         if e.get("error"):
             ok = False
-            print(f"  {'':<17} ERROR: {e['error']}")
+            print(f"{pad}ERROR: {e['error']}")
     return 0 if ok else 1
 
 

@@ -22,15 +22,16 @@ from typing import Any
 
 import yaml
 
+# Layer-2 op names and the SGLang classes that can be routed (by class name, as users type
+# them) come from the op table.
+from sglang_fl.dispatch.ops import OP_NAMES, ROUTED_CLASSES, did_you_mean
+
 CONFIG_DIR = Path(__file__).resolve().parent
 
 BACKEND_KINDS = ("flagos", "vendor", "reference")
 PLATFORMS = ("cuda", "ascend", "musa", "cpu")
 DIST_BACKENDS = ("nccl", "hccl", "flagcx", "gloo")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-# Layer-2 op names and the SGLang classes that can be routed (by class name, as users type them).
-OP_NAMES = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding")
-ROUTED_CLASSES = ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -84,10 +85,10 @@ def _names(allowed: tuple[str, ...] | None = None) -> Callable[[Any, str], tuple
             raise SettingsError(f"{where} must be a list of names or a comma-separated string, got {raw!r}")
         items = [x for x in items if x]
         if allowed is not None:
-            bad = [x for x in items if x not in allowed]
+            bad = [f"{x!r}{did_you_mean(x, allowed)}" for x in items if x not in allowed]
             if bad:
                 raise SettingsError(
-                    f"{where} has unknown name(s) {', '.join(map(repr, bad))}; accepted: {', '.join(allowed)}"
+                    f"{where} has unknown name(s) {', '.join(bad)}; accepted: {', '.join(allowed)}"
                 )
         return tuple(dict.fromkeys(items))
 
@@ -130,10 +131,10 @@ def _op_backends(raw: Any, where: str) -> Mapping[str, tuple[str, ...]]:
             result[str(op)] = _kind_list(kinds, f"{where}.{op}")
     else:
         raise SettingsError(f"{where} must be a mapping op -> [kinds] or 'op=kind|kind;...', got {raw!r}")
-    bad = [op for op in result if op not in OP_NAMES]
+    bad = [f"{op!r}{did_you_mean(op)}" for op in result if op not in OP_NAMES]
     if bad:
         raise SettingsError(
-            f"{where} names unknown op(s) {', '.join(map(repr, bad))}; accepted ops: {', '.join(OP_NAMES)}"
+            f"{where} names unknown op(s) {', '.join(bad)}; accepted ops: {', '.join(OP_NAMES)}"
         )
     return MappingProxyType(result)
 

@@ -1,69 +1,114 @@
 """Backend discovery, run once per process when the manager is built.
 
 Sources, in order: the built-in ``reference`` and ``flaggems`` backends; every
-``dispatch/backends/vendor/<name>/register_ops.py`` in this package; every entry point in the
-``sglang_fl.vendors`` group (a vendor shipping its backend as its own package points it at a
-module with ``register_builtins(registry)``). Each finding is recorded as a BackendStatus so
-``sglang-fl ops`` can say what was found and why the rest was skipped.
+``<name>/register_ops.py`` in the ``sglang_fl.dispatch.backends.vendor`` package; every entry
+point in the ``sglang_fl.vendors`` group (a vendor shipping its backend as its own package points
+it at a module with ``register_builtins(registry)``).
+
+Each vendor registers into a registry of its own first, so that one refused by the op table
+(a mistyped op method, a wrong signature: ``verify``) or failing half-way leaves nothing behind;
+what it registered is then merged. Impls whose ``fn`` carries the upstream plugins'
+``_is_available`` marker are kept only if it says yes. The result is one `BackendStatus` per
+backend, so ``sglang-fl ops`` can say what was found and why the rest was skipped.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import pkgutil
+import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 
-from sglang_fl.dispatch.backends import Backend, register_backend
-from sglang_fl.dispatch.manager import BackendStatus, OpManager
+from sglang_fl.dispatch.backends import Backend, register_backend, vendor
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import BackendStatus
+from sglang_fl.dispatch.verify import InvalidImplError, verify_backend_class
 from sglang_fl.logging_setup import get_logger
 
 logger = get_logger("dispatch")
 
 VENDOR_ENTRY_POINT_GROUP = "sglang_fl.vendors"
-_VENDOR_DIR = Path(__file__).resolve().parent / "backends" / "vendor"
-
-
-def _status_of(name: str, backend: Backend | None, registered: tuple[str, ...], origin: str,
-               kind: str = "vendor") -> BackendStatus:
-    if registered:
-        return BackendStatus(name, kind, True, origin, registered)
-    reason = (backend.unavailable_reason if backend is not None else "") or "registered no ops"
-    return BackendStatus(name, kind, False, reason)
-
-
-def _run_register(manager: OpManager, name: str, module, origin: str) -> None:
-    before = {(op, i.impl_id) for op in manager.registry.op_names() for i in manager.registry.impls(op)}
-    module.register_builtins(manager.registry)
-    after = {(op, i.impl_id) for op in manager.registry.op_names() for i in manager.registry.impls(op)}
-    ops = tuple(sorted(op for op, _ in after - before))
-    manager.record_backend(_status_of(f"vendor.{name}", getattr(module, "BACKEND", None), ops, origin))
 
 
 def vendor_folders() -> list[str]:
-    return sorted(p.parent.name for p in _VENDOR_DIR.glob("*/register_ops.py"))
+    """Names of the folders of the vendor package that hold a ``register_ops.py``."""
+    return sorted({m.name for m in pkgutil.iter_modules(vendor.__path__) if m.ispkg
+                   and importlib.util.find_spec(f"{vendor.__name__}.{m.name}.register_ops")})
 
 
-def discover_backends(manager: OpManager) -> None:
+def discover_backends(registry: OpRegistry) -> list[BackendStatus]:
+    """Register every available backend into ``registry``; one status per backend found."""
     from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
+    statuses = []
     for backend in (ReferenceBackend(), FlagGemsBackend()):
-        ok = register_backend(manager.registry, backend)
-        manager.record_backend(_status_of(
-            backend.impl_id(), backend, backend.implemented_ops() if ok else (), "built-in",
-            backend.kind.value))
+        ok = register_backend(registry, backend)  # ours: a table mismatch raises, it is a bug
+        statuses.append(_status(backend.impl_id(), backend.kind.value, backend,
+                                backend.implemented_ops() if ok else (), "built-in"))
 
-    for name in vendor_folders():
-        modname = f"sglang_fl.dispatch.backends.vendor.{name}.register_ops"
-        try:
-            _run_register(manager, name, importlib.import_module(modname), f"built-in {modname}")
-        except Exception as exc:  # noqa: BLE001 - one broken vendor must not stop the others
-            logger.warning("vendor backend %r failed to register: %s: %s", name, type(exc).__name__, exc)
-            manager.record_backend(BackendStatus(f"vendor.{name}", "vendor", False, f"register failed: {exc}"))
+    sources = [(name, f"built-in {vendor.__name__}.{name}.register_ops",
+                lambda name=name: importlib.import_module(f"{vendor.__name__}.{name}.register_ops"),
+                f"{vendor.__name__}.{name}")
+               for name in vendor_folders()]
+    sources += [(ep.name, f"entry point {ep.value}", ep.load, ep.module.rpartition(".")[0] or ep.module)
+                for ep in entry_points(group=VENDOR_ENTRY_POINT_GROUP)]
+    for name, origin, load, package in sources:
+        statuses.append(_register_vendor(registry, name, origin, load, package))
+    return statuses
 
-    for ep in entry_points(group=VENDOR_ENTRY_POINT_GROUP):
-        try:
-            _run_register(manager, ep.name, ep.load(), f"entry point {ep.value}")
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("vendor entry point %r failed: %s: %s", ep.name, type(exc).__name__, exc)
-            manager.record_backend(BackendStatus(f"vendor.{ep.name}", "vendor", False, f"register failed: {exc}"))
+
+def _register_vendor(registry: OpRegistry, name: str, origin: str, load,
+                     package: str = "") -> BackendStatus:
+    impl_id = f"vendor.{name}"
+    staging = OpRegistry()
+    try:
+        module = load()
+        backend = getattr(module, "BACKEND", None)
+        if isinstance(backend, Backend):  # checked even where it is unavailable
+            verify_backend_class(type(backend), impl_id)
+        module.register_builtins(staging)
+    except InvalidImplError as exc:
+        logger.error("vendor backend %r refused: %s", name, exc)
+        return BackendStatus(impl_id, "vendor", False, f"refused: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one broken vendor must not stop the others
+        # E.g. ``backend.rms_norm`` named in register_ops.py while the class spells it
+        # ``rmsnorm``: the backend classes the vendor loaded say it more precisely.
+        refusal = _refusal_of_loaded_classes(package, impl_id)
+        if refusal is not None:
+            logger.error("vendor backend %r refused: %s", name, refusal)
+            return BackendStatus(impl_id, "vendor", False, f"refused: {refusal}")
+        logger.warning("vendor backend %r failed to register: %s: %s", name, type(exc).__name__, exc)
+        return BackendStatus(impl_id, "vendor", False, f"register failed: {exc}")
+    kept = [i for i in staging.all_impls()
+            if getattr(i.fn, "_is_available", None) is None or i.fn._is_available()]
+    registry.merge(kept)
+    return _status(impl_id, "vendor", backend, tuple(sorted({i.op_name for i in kept})), origin,
+                   unavailable="is_available() returned False" if staging.all_impls() else "")
+
+
+def _refusal_of_loaded_classes(package: str, impl_id: str) -> InvalidImplError | None:
+    """The op-table refusal of a Backend class defined in ``package``'s loaded modules, if any."""
+    if not package:
+        return None
+    for modname, module in list(sys.modules.items()):
+        if module is None or not (modname == package or modname.startswith(package + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if (isinstance(value, type) and issubclass(value, Backend) and value is not Backend
+                    and value.__module__ == modname):
+                try:
+                    verify_backend_class(value, impl_id)
+                except InvalidImplError as exc:
+                    return exc
+    return None
+
+
+def _status(name: str, kind: str, backend: Backend | None, ops: tuple[str, ...], origin: str,
+            unavailable: str = "") -> BackendStatus:
+    if ops:
+        missing = backend.unavailable_reason if backend is not None else ""
+        return BackendStatus(name, kind, True, origin, ops, missing)
+    reason = (backend.unavailable_reason if backend is not None else "") or unavailable
+    return BackendStatus(name, kind, False, reason or "registered no ops")

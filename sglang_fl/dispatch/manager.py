@@ -14,21 +14,13 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import NoImplementationError, OpImpl
+from sglang_fl.dispatch.types import BackendStatus, NoImplementationError, OpImpl
 from sglang_fl.logging_setup import get_logger
 
 logger = get_logger("dispatch")
-
-
-@dataclass(frozen=True)
-class BackendStatus:
-    name: str
-    kind: str
-    available: bool
-    reason: str  # why unavailable, or where it came from
-    ops: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,7 +147,8 @@ class OpManager:
         for b in self.backends.values():
             if b.kind not in kinds or op_name in b.ops:
                 continue
-            out.append((b.name, b.kind, b.reason if not b.available else f"implements no {op_name}"))
+            why = b.reason if not b.available else f"implements no {op_name}"
+            out.append((b.name, b.kind, why + (f" here ({b.missing})" if b.available and b.missing else "")))
         return out
 
     def why_no_candidate(self, op_name: str, kind: str, sel: Selection | None = None) -> str:
@@ -208,11 +201,11 @@ def get_manager() -> OpManager:
         with _manager_lock:
             if _manager is None:
                 from sglang_fl.config import get_settings
-                from sglang_fl.dispatch.discovery import discover_backends
 
                 registry = OpRegistry()
                 manager = OpManager(registry, SelectionPolicy.from_settings(get_settings()))
-                discover_backends(manager)
+                for status in discover_backends(registry):
+                    manager.record_backend(status)
                 _manager = manager
     return _manager
 

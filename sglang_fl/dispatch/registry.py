@@ -1,4 +1,8 @@
-"""Thread-safe table op name -> registered OpImpls."""
+"""Thread-safe table op name -> registered OpImpls.
+
+Every impl is checked against the op table as it is registered (`verify.verify_impl`): an
+unknown op, a mistyped backend method or a signature other than the op's is refused there.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import threading
 from collections.abc import Iterable
 
 from sglang_fl.dispatch.types import OpImpl
+from sglang_fl.dispatch.verify import verify_backend_class, verify_impl
 
 
 def _origin(impl: OpImpl):
@@ -22,7 +27,30 @@ class OpRegistry:
 
     def register(self, impl: OpImpl) -> None:
         """Add one impl. Registering the same impl again is a no-op (so re-running discovery,
-        e.g. in a forked child, is harmless); a different impl under a taken id is an error."""
+        e.g. in a forked child, is harmless); a different impl under a taken id is an error, and
+        so is an impl that does not fit the op table (InvalidImplError)."""
+        self._add(verify_impl(impl))
+
+    def register_many(self, impls: Iterable[OpImpl]) -> None:
+        """All of ``impls`` or, if one is refused, none of them."""
+        for impl in [verify_impl(i) for i in impls]:
+            self._add(impl)
+
+    def register_backend(self, backend) -> bool:
+        """Check ``backend``'s class against the op table (even where it is unavailable, so a
+        mistyped method shows on any machine), then register its ops if it is available."""
+        verify_backend_class(type(backend), backend.impl_id())
+        if not backend.available():
+            return False
+        self.register_many(backend.op_impls())
+        return True
+
+    def merge(self, impls: Iterable[OpImpl]) -> None:
+        """Add impls taken from another registry (checked when they were registered there)."""
+        for impl in impls:
+            self._add(impl)
+
+    def _add(self, impl: OpImpl) -> None:
         with self._lock:
             table = self._impls.setdefault(impl.op_name, {})
             old = table.get(impl.impl_id)
@@ -33,13 +61,13 @@ class OpRegistry:
                 )
             table[impl.impl_id] = impl
 
-    def register_many(self, impls: Iterable[OpImpl]) -> None:
-        for impl in impls:
-            self.register(impl)
-
     def impls(self, op_name: str) -> tuple[OpImpl, ...]:
         with self._lock:
             return tuple(self._impls.get(op_name, {}).values())
+
+    def all_impls(self) -> tuple[OpImpl, ...]:
+        with self._lock:
+            return tuple(i for table in self._impls.values() for i in table.values())
 
     def op_names(self) -> tuple[str, ...]:
         with self._lock:

@@ -64,5 +64,17 @@ class OpImpl:
         return f"{self.kind.value}({self.impl_id})"
 
 
+@dataclass(frozen=True)
+class BackendStatus:
+    """What discovery found of one backend, for ``sglang-fl ops`` and the error messages."""
+
+    name: str  # impl id: "reference", "flagos", "vendor.cuda"
+    kind: str
+    available: bool
+    reason: str  # why unavailable (or refused), or where it came from
+    ops: tuple[str, ...] = ()
+    missing: str = ""  # for an available backend: why it lacks some of its ops here
+
+
 class NoImplementationError(RuntimeError):
     """No registered implementation of an op survived the selection policy."""

@@ -1,9 +1,11 @@
 """Bridges: turn an SGLang layer's forward call into a call of the resolved op impl.
 
-Each ``bind_<op>(layer, slot, native)`` returns the callable stored as the layer's
-``_forward_method``; it does only the argument adaptation SGLang's signature needs and then
-``slot.fn(layer, ...)``. ``native`` is the method SGLang itself chose; a bridge uses it for the
-few call shapes the standard op cannot express (logged once).
+``bridge_for(op)(layer, slot, native)`` returns the callable stored as the layer's
+``_forward_method``. An op whose standard signature is SGLang's forward signature plus ``obj``
+needs no bridge of its own: `bind_passthrough` calls ``slot.fn(layer, *args)``. The others have
+one ``bind_<op>`` in `BRIDGES`, doing only the argument adaptation SGLang's signature needs.
+``native`` is the method SGLang itself chose; a bridge uses it for the few call shapes the
+standard op cannot express (logged once).
 """
 
 from __future__ import annotations
@@ -12,21 +14,15 @@ import functools
 
 from sglang_fl.dispatch.manager import ResolvedOp
 from sglang_fl.dispatch.types import OpImpl
-from sglang_fl.logging_setup import get_logger
-from sglang_fl.sglang_glue.dispatch_log import log_dispatch
-
-logger = get_logger("sglang_glue")
-_logged_once: set[str] = set()
-
-
-def log_once(key: str, msg: str, *args) -> None:
-    if key not in _logged_once:
-        _logged_once.add(key)
-        logger.info(msg, *args)
+from sglang_fl.sglang_glue.dispatch_log import log_dispatch, log_left_to_sglang
 
 
 class ImplSlot:
-    """The impl a layer currently calls. ``fn`` is read on every call; ``call_after_failure``
+    """The impl a layer currently calls, and the layer's ``[OOT-DISPATCH]`` lines.
+
+    ``fn`` is read on every call. It starts as a trampoline that writes the routed line (the
+    route is being taken now, not merely chosen) and puts the impl in its place; a bridge that
+    hands a layer or a call back to SGLang calls `left_to_sglang` instead. ``call_after_failure``
     runs only when the impl raised (non-strict fallback to the next candidate)."""
 
     __slots__ = ("impl", "fn", "resolved", "class_name", "log_path")
@@ -35,31 +31,43 @@ class ImplSlot:
         self.resolved = resolved
         self.class_name = class_name
         self.log_path = log_path
-        self._set(resolved.impl)
+        self.impl = resolved.impl
+        self.fn = self._first_call
 
-    def _set(self, impl: OpImpl) -> None:
-        self.impl = impl
-        self.fn = impl.fn
+    def _first_call(self, *args, **kwargs):
+        self.taken()
+        return self.fn(*args, **kwargs)
+
+    def taken(self) -> None:
+        """The route is taken: log it, and call the impl directly from now on."""
+        self.fn = self.impl.fn
+        log_dispatch(self.class_name, self.impl.label, self.log_path)
+
+    def left_to_sglang(self, why: str) -> None:
+        log_left_to_sglang(self.class_name, why, self.log_path)
 
     def call_after_failure(self, exc: Exception, *args, **kwargs):
         """Fall back (or re-raise in strict mode) until an impl succeeds."""
         return self.resolved.retry(self.impl, exc, args, kwargs, on_switch=self._switch)[1]
 
     def _switch(self, impl: OpImpl) -> None:
-        self._set(impl)
-        log_dispatch(self.class_name, impl.label, self.log_path)
+        self.impl = impl
+        self.taken()
 
 
-def bind_silu_and_mul(layer, slot: ImplSlot, native):
+def bind_passthrough(layer, slot: ImplSlot, native):
+    """SGLang's forward arguments are the op's, after ``obj``."""
     if slot.resolved.strict or len(slot.resolved.candidates) == 1:
-        # Nothing to fall back to: the signature matches, so bind without a Python frame.
+        # Nothing to fall back to: the signature matches, so bind without a Python frame (the
+        # binder makes the first call through it right away).
+        slot.taken()
         return functools.partial(slot.fn, layer)
 
-    def forward(x):
+    def forward(*args, **kwargs):
         try:
-            return slot.fn(layer, x)
+            return slot.fn(layer, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            return slot.call_after_failure(exc, layer, x)
+            return slot.call_after_failure(exc, layer, *args, **kwargs)
 
     return forward
 
@@ -76,8 +84,7 @@ _RMSNORM_UNSUPPORTED = (
 def bind_rms_norm(layer, slot: ImplSlot, native):
     unsupported = [a for a, ok in _RMSNORM_UNSUPPORTED if getattr(layer, a, ok) != ok]
     if unsupported:
-        log_once(f"rmsnorm-{unsupported}", "%s with %s keeps SGLang's own forward (%s)",
-                 type(layer).__name__, ", ".join(unsupported), getattr(native, "__name__", native))
+        slot.left_to_sglang(", ".join(unsupported))
         return native
 
     def forward(x, residual=None, post_residual_addition=None):
@@ -117,17 +124,15 @@ class _RopeCaches:
 
 def bind_rotary_embedding(layer, slot: ImplSlot, native):
     caches = _RopeCaches()
+    interleaved = not layer.is_neox_style
 
     def forward(positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
-        if fused_set_kv_buffer_arg is not None:
-            log_once(f"rope-fused-kv-{type(layer).__name__}",
-                     "%s called with a fused KV-buffer argument: using SGLang's own forward "
-                     "for those calls", type(layer).__name__)
+        if fused_set_kv_buffer_arg is not None:  # SGLang's kernel also stores K/V: its own path
+            slot.left_to_sglang("calls with fused_set_kv_buffer_arg")
             return native(positions, query, key, offsets, fused_set_kv_buffer_arg)
         if offsets is not None:
             positions = positions + offsets
         cos, sin = caches.get(layer)
-        interleaved = not layer.is_neox_style
         try:
             return slot.fn(layer, query, key, cos, sin, positions, interleaved, True)
         except Exception as exc:  # noqa: BLE001
@@ -136,9 +141,37 @@ def bind_rotary_embedding(layer, slot: ImplSlot, native):
     return forward
 
 
+def bind_mrotary_embedding(layer, slot: ImplSlot, native):
+    if getattr(layer, "mrope_interleaved_glm", False):  # GLM-V's axis map: not in the op
+        slot.left_to_sglang("mrope_interleaved_glm")
+        return native
+    caches = _RopeCaches()
+    section = tuple(layer.mrope_section or ())
+    mrope_interleaved = bool(layer.mrope_interleaved)
+    interleaved = not layer.is_neox_style
+
+    def forward(positions, query, key, fused_set_kv_buffer_arg=None):
+        if fused_set_kv_buffer_arg is not None:
+            slot.left_to_sglang("calls with fused_set_kv_buffer_arg")
+            return native(positions, query, key, fused_set_kv_buffer_arg)
+        cos, sin = caches.get(layer)
+        args = (query, key, cos, sin, positions, section, mrope_interleaved, interleaved, True)
+        try:
+            return slot.fn(layer, *args)
+        except Exception as exc:  # noqa: BLE001
+            return slot.call_after_failure(exc, layer, *args)
+
+    return forward
+
+
+#: Ops whose SGLang forward signature differs from the standard one.
 BRIDGES = {
-    "silu_and_mul": bind_silu_and_mul,
     "rms_norm": bind_rms_norm,
     "gemma_rms_norm": bind_gemma_rms_norm,
     "rotary_embedding": bind_rotary_embedding,
+    "mrotary_embedding": bind_mrotary_embedding,
 }
+
+
+def bridge_for(op_name: str):
+    return BRIDGES.get(op_name, bind_passthrough)

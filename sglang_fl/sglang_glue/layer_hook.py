@@ -1,11 +1,12 @@
 """Layer 2 hook: decide, once per SGLang layer instance, which forward it runs.
 
 The AROUND hook on SGLang's ``dispatch_forward`` gets the method SGLang picked (``native``).
-For a routed layer it resolves the op (cached per op by the manager), writes the dispatch log
-line and returns a one-shot binder; SGLang stores that as the layer's ``_forward_method``.
-The binder runs on the layer's first call (the layer's attributes, e.g. ``cos_sin_cache``,
-do not exist yet while ``dispatch_forward`` runs inside ``__init__``), builds the bridge and
-replaces itself, so every later call is SGLang's ``forward`` -> bridge -> impl.
+For a routed layer it resolves the op (cached per op by the manager) and returns a one-shot
+binder; SGLang stores that as the layer's ``_forward_method``. The binder runs on the layer's
+first call (the layer's attributes, e.g. ``cos_sin_cache``, do not exist yet while
+``dispatch_forward`` runs inside ``__init__``), builds the bridge and replaces itself, so every
+later call is SGLang's ``forward`` -> bridge -> impl. The bridge writes the dispatch log line
+when a call takes the route, or says the layer was left to SGLang.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from sglang_fl.config import Settings
 from sglang_fl.dispatch.manager import OpManager
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.sglang_glue import sglang_version
-from sglang_fl.sglang_glue.bridges import BRIDGES, ImplSlot
-from sglang_fl.sglang_glue.dispatch_log import log_dispatch
+from sglang_fl.sglang_glue.bridges import ImplSlot, bridge_for
 
 logger = get_logger("sglang_glue")
 
@@ -30,6 +30,7 @@ class LayerRouter:
         self.settings = settings
         self.manager = manager
         self._routes = [(pkgutil.resolve_name(r.class_path), r) for r in sglang_version.LAYER_ROUTES]
+        self._route_of_class = dict(self._routes)
 
     def routed_ops(self) -> tuple[str, ...]:
         """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied)."""
@@ -44,8 +45,12 @@ class LayerRouter:
 
     @functools.cache  # noqa: B019 - one router per process, classes are few
     def route_for(self, cls: type):
-        for base, route in self._routes:
-            if not issubclass(cls, base):
+        """The route of the nearest routed class in ``cls``'s MRO (``MRotaryEmbedding`` has its
+        own, though it subclasses ``RotaryEmbedding``), unless ``cls`` overrides its forward
+        methods or the OOT white/blacklist says no."""
+        for base in cls.__mro__:
+            route = self._route_of_class.get(base)
+            if route is None:
                 continue
             overridden = [m for m in sglang_version.FORWARD_METHODS
                           if getattr(cls, m, None) is not getattr(base, m, None)]
@@ -67,8 +72,7 @@ class LayerRouter:
         resolved = self.manager.resolve(route.op_name)
         class_name = type(layer).__name__
         log_path = self.settings.dispatch_log
-        log_dispatch(class_name, resolved.impl.label, log_path)
-        make_bridge = BRIDGES[route.op_name]
+        make_bridge = bridge_for(route.op_name)
 
         def bind_on_first_call(*args, **kwargs):
             forward = make_bridge(layer, ImplSlot(resolved, class_name, log_path), native)

@@ -32,8 +32,14 @@ TOKENS = (1, 7, 128, 1024, 8192)
 HIDDEN = (896, 4096, 8192)  # Qwen2.5-0.5B, Llama-3-8B, Llama-3-70B
 
 
-def assert_close(actual, expected, what=""):
-    tol = TOLERANCES[expected.dtype]
+def assert_close(actual, expected, what="", op=None):
+    """Within ``op``'s tolerance in the op table, or the generic rounding one."""
+    if op is not None:
+        from sglang_fl.dispatch.ops import op_spec
+
+        tol = op_spec(op).tolerance.for_dtype(expected.dtype)
+    else:
+        tol = TOLERANCES[expected.dtype]
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tol)
@@ -91,6 +97,16 @@ def make_rope(head_size, rotary_dim, is_neox_style, dtype, max_pos=32768, base=1
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
     return RotaryEmbedding(head_size, rotary_dim, max_pos, base, is_neox_style, dtype).to("cuda")
+
+
+def make_mrope(head_size, rotary_dim, mrope_section, interleaved, dtype, max_pos=32768,
+               base=10_000_000):
+    """A real SGLang MRotaryEmbedding (fp32 cos/sin cache on CUDA, as in serving)."""
+    sglang_ready()
+    from sglang.srt.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+    return MRotaryEmbedding(head_size, rotary_dim, max_pos, base, True, dtype,
+                            mrope_section=list(mrope_section), mrope_interleaved=interleaved).to("cuda")
 
 
 def rope_caches(layer):

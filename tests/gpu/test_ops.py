@@ -21,8 +21,8 @@ from gpu_support import (  # noqa: E402
     DTYPES,
     HIDDEN,
     TOKENS,
-    TOLERANCES,
     assert_close,
+    make_mrope,
     make_rms_norm,
     make_rope,
     make_silu_and_mul,
@@ -30,6 +30,12 @@ from gpu_support import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.gpu
+
+
+def _needs(backend, op):
+    """vendor.cuda offers each op where its kernel package is real (sgl_kernel, tvm_ffi, triton)."""
+    if op not in backend.implemented_ops():
+        pytest.skip(f"{backend.impl_id()} has no {op} here: {backend.unavailable_reason}")
 
 
 def _randn(*shape, dtype, seed):
@@ -42,10 +48,11 @@ def _randn(*shape, dtype, seed):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
+    _needs(backend, "rms_norm")
     layer = make_rms_norm(hidden, dtype)
     x = _randn(tokens, hidden, dtype=dtype, seed=1)
     if residual == "plain":
-        assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+        assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out", op="rms_norm")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=2)
     post = _randn(tokens, hidden, dtype=dtype, seed=9) if residual == "post" else None
@@ -53,37 +60,39 @@ def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
     ref_out, ref_res = reference.rms_norm(layer, x.clone(), r.clone(), post)
     if post is not None:  # x + residual + post summed in fp32 and rounded once, as forward_native
         assert torch.equal(res, ref_res), "residual with post_residual_addition"
-    assert_close(res, ref_res, "residual")
-    assert_close(out, ref_out, "out")
+    assert_close(res, ref_res, "residual", op="rms_norm")
+    assert_close(out, ref_out, "out", op="rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens", (1, 128, 8192))
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
+    _needs(backend, "gemma_rms_norm")
     hidden = 2304  # Gemma-2-2B
     layer = make_rms_norm(hidden, dtype, gemma=True)
     x = _randn(tokens, hidden, dtype=dtype, seed=3)
     if residual == "plain":
         got = backend.gemma_rms_norm(layer, x.clone())
-        assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out")
+        assert_close(got, reference.gemma_rms_norm(layer, x.clone()), "out", op="gemma_rms_norm")
         return
     r = _randn(tokens, hidden, dtype=dtype, seed=4)
     post = _randn(tokens, hidden, dtype=dtype, seed=10) if residual == "post" else None
     out, res = backend.gemma_rms_norm(layer, x.clone(), r.clone(), post)
     ref_out, ref_res = reference.gemma_rms_norm(layer, x.clone(), r.clone(), post)
-    assert_close(res, ref_res, "residual")
-    assert_close(out, ref_out, "out")
+    assert_close(res, ref_res, "residual", op="gemma_rms_norm")
+    assert_close(out, ref_out, "out", op="gemma_rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("intermediate", (4864, 14336))  # Qwen2.5-0.5B, Llama-3-8B
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
+    _needs(backend, "silu_and_mul")
     layer = make_silu_and_mul()
     x = _randn(tokens, 2 * intermediate, dtype=dtype, seed=5)
     got = backend.silu_and_mul(layer, x)
-    assert_close(got, reference.silu_and_mul(layer, x), "out")
+    assert_close(got, reference.silu_and_mul(layer, x), "out", op="silu_and_mul")
 
 
 # (head_size, rotary_dim, q heads, kv heads): Qwen2.5-0.5B, Llama-3-8B, partial rotary (GLM-style).
@@ -96,8 +105,7 @@ ROPE_SHAPES = [(64, 64, 14, 2), (128, 128, 32, 8), (128, 64, 32, 8)]
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     head_size, rot_dim, qh, kh = shape
-    if backend.name == "cuda" and "rotary_embedding" not in backend.implemented_ops():
-        pytest.skip("vendor.cuda RoPE needs the real apache-tvm-ffi")
+    _needs(backend, "rotary_embedding")
     layer = make_rope(head_size, rot_dim, neox, dtype)
     cos, sin = rope_caches(layer)
     q = _randn(tokens, qh * head_size, dtype=dtype, seed=6)
@@ -114,12 +122,12 @@ def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     for inplace in (True, False):
         qq, kk = q.clone(), k.clone()
         got_q, got_k = backend.rotary_embedding(layer, qq, kk, cos, sin, pos, interleaved, inplace)
-        assert_close(got_q, ref_q, f"query (inplace={inplace})")
-        assert_close(got_k, ref_k, f"key (inplace={inplace})")
+        assert_close(got_q, ref_q, f"query (inplace={inplace})", op="rotary_embedding")
+        assert_close(got_k, ref_k, f"key (inplace={inplace})", op="rotary_embedding")
         if inplace:
             assert got_q.data_ptr() == qq.data_ptr(), "in-place RoPE must return the input buffer"
         else:
-            assert_close(qq, q, "query untouched by the out-of-place call")
+            assert_close(qq, q, "query untouched by the out-of-place call", op="rotary_embedding")
     # The pass-through channels of a partial rotary are never modified.
     if rot_dim < head_size:
         view = ref_q.view(tokens, qh, head_size)[..., rot_dim:]
@@ -135,7 +143,9 @@ ROPE_REPEATS = int(os.environ.get("SGLANG_FL_TEST_ROPE_REPEATS", "200"))
 def _assert_inplace_rope_stable(backend, layer, q, k, cos, sin, pos, interleaved, ref_q, ref_k):
     """In-place RoPE, repeated on separate q/k and on views of one qkv buffer (as SGLang's
     attention layers pass them): every element of every call within tolerance."""
-    tol = TOLERANCES[ref_q.dtype]
+    from sglang_fl.dispatch.ops import op_spec
+
+    tol = op_spec("rotary_embedding").tolerance.for_dtype(ref_q.dtype)
     tokens = q.shape[0]
     qkv = torch.empty(tokens, q.shape[1] + 2 * k.shape[1], device="cuda", dtype=q.dtype)
     qv, kv, _ = qkv.split([q.shape[1], k.shape[1], k.shape[1]], dim=-1)
@@ -161,9 +171,47 @@ def _assert_inplace_rope_stable(backend, layer, q, k, cos, sin, pos, interleaved
 
 def test_rms_norm_3d_input(backend, reference):
     """SGLang calls RMSNorm on [batch, seq, hidden] views too (q/k norms)."""
+    _needs(backend, "rms_norm")
     layer = make_rms_norm(128, torch.bfloat16)
     x = _randn(4, 16, 128, dtype=torch.bfloat16, seed=9)
-    assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out")
+    assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out", op="rms_norm")
+
+
+# (head_size, rotary_dim, mrope_section, interleaved, q heads, kv heads): Qwen3.5/3.6 (partial
+# rotary), Qwen3-VL, Qwen2.5-VL.
+MROPE_SHAPES = [(256, 64, (11, 11, 10), True, 24, 4), (128, 128, (24, 20, 20), True, 32, 8),
+                (128, 128, (16, 24, 24), False, 28, 4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MROPE_SHAPES, ids=lambda s: f"hd{s[0]}-rot{s[1]}-{s[2]}-{s[3]}")
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_mrotary_embedding(cuda_vendor, reference, tokens, shape, dtype):
+    """vendor.cuda's mRoPE (SGLang's Triton kernel) against the reference arithmetic in fp32,
+    on multimodal [3, tokens] and text-only [tokens] positions, in place and not."""
+    _needs(cuda_vendor, "mrotary_embedding")
+    head_size, rot_dim, section, interleaved, qh, kh = shape
+    layer = make_mrope(head_size, rot_dim, section, interleaved, dtype)
+    cos, sin = rope_caches(layer)
+    q = _randn(tokens, qh * head_size, dtype=dtype, seed=11)
+    k = _randn(tokens, kh * head_size, dtype=dtype, seed=12)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    positions = torch.randint(0, layer.max_position_embeddings, (3, tokens), device="cuda", generator=g)
+    for pos in (positions, positions[0]):
+        ref_q, ref_k = reference.mrotary_embedding(layer, q.float(), k.float(), cos, sin, pos,
+                                                   section, interleaved, False, True)
+        ref_q, ref_k = ref_q.to(dtype), ref_k.to(dtype)
+        for inplace in (True, False):
+            qq, kk = q.clone(), k.clone()
+            got_q, got_k = cuda_vendor.mrotary_embedding(layer, qq, kk, cos, sin, pos, section,
+                                                         interleaved, False, inplace)
+            what = f"(inplace={inplace}, positions {tuple(pos.shape)})"
+            assert_close(got_q, ref_q, f"query {what}", op="mrotary_embedding")
+            assert_close(got_k, ref_k, f"key {what}", op="mrotary_embedding")
+            if inplace:
+                assert got_q.data_ptr() == qq.data_ptr()
+            else:
+                assert torch.equal(qq, q), "query untouched by the out-of-place call"
 
 
 def test_strict_selection_resolves_to_flagos(monkeypatch):

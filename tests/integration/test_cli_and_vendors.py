@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from sglang_fl.dispatch.ops import OP_NAMES, OPS
+
 pytestmark = pytest.mark.integration
 
 
@@ -53,8 +55,13 @@ def test_ops_json_on_this_cpu_explains_every_choice():
     assert backends["reference"]["available"]
     assert not backends["flagos"]["available"] and "flag_gems" in backends["flagos"]["detail"]
     assert backends["vendor.template"]["detail"].startswith("template backend")
-    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
-        assert data["ops"][op]["chosen"] == "reference(reference)"
+    assert list(data["ops"]) == list(OP_NAMES)  # every op of the table
+    for spec in OPS:
+        entry = data["ops"][spec.name]
+        assert entry["chosen"] == "reference(reference)"
+        assert entry["order_from"] == "prefer (platform cpu.yaml)"
+        assert entry["signature"] == spec.describe()
+        assert entry["serves"] == entry["routed"] == list(spec.class_names)
 
 
 def test_ops_says_per_op_why_the_preferred_kind_was_not_used():
@@ -103,6 +110,16 @@ def test_ops_reports_no_available_implementation_and_fails():
     assert "skipped reference: strict" in proc.stdout
 
 
+def test_ops_text_says_where_the_order_came_from_and_what_is_not_routed():
+    proc = cli("ops", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PER_OP": "rms_norm=reference",
+                           "SGLANG_FL_OOT_BLACKLIST": "MRotaryEmbedding"})
+    assert proc.returncode == 0, proc.stderr
+    assert ("rms_norm          chosen: reference(reference)   order: reference "
+            "(from op_backends (env SGLANG_FL_PER_OP))") in proc.stdout
+    assert ("serves: MRotaryEmbedding (not routed: MRotaryEmbedding); signature: "
+            "mrotary_embedding(obj, query, key, ") in proc.stdout
+
+
 @pytest.fixture
 def acme_vendor_package(tmp_path):
     """A vendor backend shipped as its own installed distribution (package + dist-info with an
@@ -123,6 +140,7 @@ def acme_vendor_package(tmp_path):
             def silu_and_mul(self, obj, x):
                 d = x.shape[-1] // 2
                 return F.silu(x[..., :d]) * x[..., d:]
+            # (a test may add a method here)
 
         BACKEND = AcmeBackend()
 
@@ -151,3 +169,24 @@ def test_vendor_package_found_through_entry_point_group(acme_vendor_package):
     assert data["ops"]["silu_and_mul"]["chosen"] == "reference(reference)"
     assert {"impl": "vendor.acme", "why": "vendor 'acme' in SGLANG_FL_DENY_VENDORS"} in \
         data["ops"]["silu_and_mul"]["skipped"]
+
+
+def test_vendor_package_with_a_misspelled_method_is_refused_and_ops_names_it(acme_vendor_package):
+    module = acme_vendor_package / "acme_fl_vendor" / "register_ops.py"
+    module.write_text(module.read_text().replace(
+        "# (a test may add a method here)",
+        "def rmsnorm(self, obj, x, residual=None):\n        return x"))
+    env = {"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_PREFER": "vendor"}
+    data = json.loads(cli("ops", "--json", env=env, extra_path=acme_vendor_package).stdout)
+    acme = {b["name"]: b for b in data["backends"]}["vendor.acme"]
+    assert not acme["available"]
+    assert acme["detail"] == (
+        "refused: vendor.acme: AcmeBackend.rmsnorm(obj, x, residual=None) looks like an op "
+        "method, but the op table has no op 'rmsnorm' (did you mean 'rms_norm'? expected: "
+        "rms_norm(obj, x, residual=None, post_residual_addition=None)). Op methods are named "
+        f"after the table's ops ({', '.join(OP_NAMES)}); give a helper method a leading '_'")
+    assert data["ops"]["silu_and_mul"]["chosen"] == "reference(reference)"  # refused whole
+    proc = cli("ops", env=env, extra_path=acme_vendor_package)
+    assert "vendor.acme      vendor    unavailable: refused: vendor.acme: AcmeBackend.rmsnorm" in \
+        proc.stdout
+    assert "vendor backend 'acme' refused" in proc.stderr

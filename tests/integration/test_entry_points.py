@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from sglang_fl.dispatch.ops import OP_NAMES
 from tests.integration.conftest import run_python
 
 pytestmark = pytest.mark.integration
@@ -26,6 +27,9 @@ layers = [SiluAndMul(), RMSNorm(32), RMSNorm(32), GemmaRMSNorm(32), get_rope(16,
 out = {type(l).__name__: getattr(l._forward_method, "__module__", "?") for l in layers}
 x = torch.randn(2, 32)
 out["rms_ok"] = bool(torch.allclose(layers[1].forward(x), layers[1].forward_native(x)))
+layers[0].forward(torch.randn(2, 64))
+layers[3].forward(x)
+layers[4].forward(torch.arange(2), torch.randn(2, 32), torch.randn(2, 16))
 print("RESULT" + json.dumps(out))
 """
 
@@ -51,9 +55,9 @@ def test_plugin_routes_layers_and_writes_the_dispatch_log(tmp_path):
     for cls in ("SiluAndMul", "RMSNorm", "GemmaRMSNorm", "RotaryEmbedding"):
         assert res[cls] == "sglang_fl.sglang_glue.layer_hook", res
     assert res["rms_ok"]
-    assert log.read_text().splitlines() == [
-        "[OOT-DISPATCH] SiluAndMul → reference(reference)",
+    assert log.read_text().splitlines() == [  # in the order the layers were first called
         "[OOT-DISPATCH] RMSNorm → reference(reference)",
+        "[OOT-DISPATCH] SiluAndMul → reference(reference)",
         "[OOT-DISPATCH] GemmaRMSNorm → reference(reference)",
         "[OOT-DISPATCH] RotaryEmbedding → reference(reference)",
     ]
@@ -99,9 +103,9 @@ def test_strict_with_unavailable_backend_fails_at_plugin_load_naming_every_op():
     proc = run_python(LOAD_ONLY, {"SGLANG_FL_STRICT": "1", "SGLANG_FL_PREFER": "flagos",
                                   "SGLANG_FL_PLATFORM": "cpu"})
     assert proc.returncode != 0 and "RESULT" not in proc.stdout  # before any model is built
-    assert ("sglang-fl: No available implementation for ops 'silu_and_mul', 'rms_norm', "
-            "'gemma_rms_norm', 'rotary_embedding' (SGLANG_FL_STRICT=1") in proc.stderr
-    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"):
+    assert ("sglang-fl: No available implementation for ops "
+            f"{', '.join(map(repr, OP_NAMES))} (SGLANG_FL_STRICT=1") in proc.stderr
+    for op in OP_NAMES:
         assert f"  {op}: accepts flagos (strict); no flagos: flagos: import flag_gems failed" in \
             proc.stderr
         assert "; registered: reference" in proc.stderr
@@ -120,8 +124,7 @@ def test_preferred_kind_unavailable_is_logged_once_per_op_at_plugin_load():
     proc = run_python(BUILD_LAYERS, {"SGLANG_FL_PREFER": "vendor", "SGLANG_FL_PLATFORM": "cpu"})
     result_of(proc)
     lines = [ln for ln in proc.stderr.splitlines() if "preferred vendor unavailable" in ln]
-    assert [ln.split("] ", 1)[1].split(":", 1)[0] for ln in lines] == [
-        "silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding"]  # once, not per layer
+    assert [ln.split("] ", 1)[1].split(":", 1)[0] for ln in lines] == list(OP_NAMES)  # once each
     for ln in lines:
         assert ln.startswith("[sglang-fl WARNING]")
         assert "vendor.cuda: no CUDA device" in ln and "torch_npu is not installed" in ln

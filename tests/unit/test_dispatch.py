@@ -17,12 +17,12 @@ from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, NoImpleme
 
 
 def tagged(tag):
-    def fn(obj, x):
+    def fn(obj, x, residual=None, post_residual_addition=None):
         return (tag, x)
     return fn
 
 
-def failing(obj, x):
+def failing(obj, x, residual=None, post_residual_addition=None):
     raise RuntimeError("kernel exploded")
 
 
@@ -247,7 +247,7 @@ def test_survives_fork_rediscovery_and_resolution_in_child(monkeypatch):
         code = 1
         try:
             child = manager_mod.get_manager()
-            discover_backends(child)
+            discover_backends(child.registry)
             child.reset_resolution()
             code = 0 if child.resolve("rms_norm").impl.impl_id == "reference" else 2
         finally:
@@ -258,3 +258,11 @@ def test_survives_fork_rediscovery_and_resolution_in_child(monkeypatch):
     manager_mod.reset_manager()
     reset_settings()
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_skipped_says_why_an_available_backend_lacks_an_op():
+    m = manager_for({"SGLANG_FL_PREFER": "vendor"})
+    m.record_backend(BackendStatus("vendor.cuda", "vendor", True, "built-in", ("mrotary_embedding",),
+                                   missing="sgl_kernel is not installed"))
+    assert ("vendor.cuda", "vendor", "implements no silu_and_mul here (sgl_kernel is not installed)") \
+        in m.skipped("silu_and_mul")

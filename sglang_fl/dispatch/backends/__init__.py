@@ -1,25 +1,12 @@
 """Backend base class and the plumbing every backend shares.
 
 A backend subclasses `Backend`, sets ``name``/``kind``, implements ``is_available()`` and the op
-methods it really has (standard signatures below), and its ``register_ops.py`` calls
+methods it really has, each named and signed as its op in the op table
+(``sglang_fl.dispatch.ops.OPS``: ``rms_norm(self, obj, x, residual=None,
+post_residual_addition=None)``, ...), and its ``register_ops.py`` calls
 ``register_backend(registry, MyBackend())``. Ops a backend does not define are simply not
-registered.
-
-Standard op signatures (``obj`` is the layer; read ``obj.weight``, ``obj.variance_epsilon``,
-``obj.head_size`` ...):
-
-- ``silu_and_mul(obj, x) -> Tensor``
-- ``rms_norm(obj, x, residual=None, post_residual_addition=None) -> Tensor | (Tensor, Tensor)``:
-  with a residual, returns ``(normed, x + residual + post_residual_addition)``, the sum
-  accumulated in fp32 and rounded once, as SGLang's ``RMSNorm.forward_native`` adds them
-  (``Backend.residual_sum_parts`` does that for kernels whose fused add takes two inputs).
-  ``post_residual_addition`` only comes with a residual.
-- ``gemma_rms_norm(obj, x, residual=None, post_residual_addition=None) -> Tensor | (Tensor,
-  Tensor)``: as SGLang's ``GemmaRMSNorm.forward_native``, the adds are in x's dtype
-  (``residual + post_residual_addition`` first, then ``x +`` that).
-- ``rotary_embedding(obj, query, key, cos, sin, position_ids, rotary_interleaved=False,
-  inplace=True) -> (Tensor, Tensor)`` where ``cos``/``sin`` are the whole per-position caches
-  ``[max_positions, rotary_dim // 2]`` and ``position_ids`` (one per token) index them.
+registered. ``obj`` is the layer; read only the attributes the op's table entry lists
+(``obj.weight``, ``obj.variance_epsilon``, ``obj.head_size``), which SGLang and vLLM share.
 """
 
 from __future__ import annotations
@@ -29,14 +16,15 @@ import importlib.util
 import sys
 from abc import ABC, abstractmethod
 
-from sglang_fl.config.settings import OP_NAMES
+from sglang_fl.dispatch.ops import OP_NAMES
+from sglang_fl.dispatch.ops import residual_sum_parts as _residual_sum_parts
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 
 STANDIN_MARKER = "__sglang_fl_standin__"
 
 
 class Backend(ABC):
-    """Base of every backend. Op methods are looked up by the names in ``OP_NAMES``."""
+    """Base of every backend. Op methods are looked up by the op table's names."""
 
     name: str = ""
     kind: BackendImplKind = BackendImplKind.VENDOR
@@ -62,24 +50,9 @@ class Backend(ABC):
     def implemented_ops(self) -> tuple[str, ...]:
         return tuple(op for op in OP_NAMES if callable(getattr(self, op, None)))
 
-    @staticmethod
-    def residual_sum_parts(x, residual, post_residual_addition):
-        """``x + residual + post_residual_addition`` as ``RMSNorm.forward_native`` adds them (each
-        cast to fp32, summed left to right), for a fused add-RMSNorm kernel that adds only two
-        inputs (in fp32) and so cannot take the third.
-
-        Returns ``(total, rest)`` in x's dtype: ``total`` is the fp32 sum rounded once, exactly the
-        residual forward_native returns, and ``rest`` is what that rounding dropped. A kernel given
-        ``(rest, total)`` normalises ``float(rest) + float(total)``, the fp32 sum to within rest's
-        own rounding. Return ``total`` itself as the residual, not the sum the kernel writes back,
-        which can be one ulp off where ``rest`` rounded to exactly half an ulp of ``total`` (a tie).
-        """
-        import torch
-
-        f32 = torch.float32
-        fp32_sum = x.to(f32) + residual.to(f32) + post_residual_addition.to(f32)
-        total = fp32_sum.to(x.dtype)
-        return total, (fp32_sum - total.to(f32)).to(x.dtype)
+    #: ``x + residual + post_residual_addition`` split for a two-input fused add-norm kernel
+    #: (see ``sglang_fl.dispatch.ops.residual_sum_parts``).
+    residual_sum_parts = staticmethod(_residual_sum_parts)
 
     def op_impls(self) -> list[OpImpl]:
         vendor = self.name if self.kind is BackendImplKind.VENDOR else None
@@ -90,11 +63,9 @@ class Backend(ABC):
 
 
 def register_backend(registry, backend: Backend) -> bool:
-    """Register ``backend``'s ops if it is available; returns whether it was."""
-    if not backend.available():
-        return False
-    registry.register_many(backend.op_impls())
-    return True
+    """Register ``backend``'s ops if it is available; returns whether it was. Its class is
+    checked against the op table first, available or not (``OpRegistry.register_backend``)."""
+    return registry.register_backend(backend)
 
 
 def real_module_available(name: str) -> tuple[bool, str]:

@@ -38,8 +38,9 @@ class FlagGemsBackend(Backend):
         return out, total
 
     def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
-        # SGLang keeps ``gemma_weight = weight + 1`` up to date on weight load.
-        weight = obj.gemma_weight
+        # FlagGems has no Gemma norm: scale by 1 + weight (in fp32, as forward_native), formed
+        # per call since nothing tells us when a weight loader rewrites obj.weight.
+        weight = obj.weight.float() + 1.0
         if residual is None:
             return self._gems.rms_norm(x, [x.shape[-1]], weight, obj.variance_epsilon)
         if post_residual_addition is not None:  # in x's dtype, as GemmaRMSNorm.forward_native

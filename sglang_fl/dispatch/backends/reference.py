@@ -62,6 +62,35 @@ class ReferenceBackend(Backend):
         )
 
 
+    def mrotary_embedding(self, obj, query, key, cos, sin, positions, mrope_section,
+                          mrope_interleaved=False, rotary_interleaved=False, inplace=True):
+        cos = _mrope_rows(cos, positions, mrope_section, mrope_interleaved).unsqueeze(-2)
+        sin = _mrope_rows(sin, positions, mrope_section, mrope_interleaved).unsqueeze(-2)
+        return (
+            _rotate(query, cos, sin, obj.head_size, rotary_interleaved, inplace),
+            _rotate(key, cos, sin, obj.head_size, rotary_interleaved, inplace),
+        )
+
+
+def _mrope_rows(cache, positions, section, interleaved):
+    """Per token, the ``[rotary_dim // 2]`` cache row of mRoPE: each pair from the position of
+    its axis (the op table's ``mrotary_embedding`` entry says which)."""
+    if positions.ndim == 1:
+        return cache.index_select(0, positions)
+    if len(section) != 3 or sum(section) != cache.shape[-1]:
+        raise ValueError(f"mrope_section {tuple(section)} must be 3 pair counts summing to "
+                         f"rotary_dim // 2 = {cache.shape[-1]}")
+    rows = cache[positions]  # [3, tokens, rotary_dim // 2]
+    if not interleaved:
+        parts = rows.split(list(section), dim=-1)
+        return torch.cat([part[axis] for axis, part in enumerate(parts)], dim=-1)
+    _, h, w = section
+    out = rows[0].clone()
+    out[..., 1:3 * h:3] = rows[1, ..., 1:3 * h:3]
+    out[..., 2:3 * w:3] = rows[2, ..., 2:3 * w:3]
+    return out
+
+
 def _rotate(x, cos, sin, head_size, interleaved, inplace):
     """Rotate the first ``2 * cos.shape[-1]`` channels of every head of ``x``."""
     shape = x.shape

@@ -1,12 +1,26 @@
-"""NVIDIA: SGLang's own CUDA kernels (sgl_kernel; RoPE from sglang.jit_kernel)."""
+"""NVIDIA: SGLang's own kernels, each op offered where its kernel package is real (an "empty"
+SGLang install on a GPU may lack sgl_kernel and still have Triton):
+
+- sgl_kernel: ``silu_and_mul``, ``rms_norm``, ``gemma_rms_norm``;
+- sgl_kernel and apache-tvm-ffi (``sglang.jit_kernel`` compiles through it): ``rotary_embedding``;
+- triton: ``mrotary_embedding`` (SGLang's Triton mRoPE kernel).
+"""
 
 from __future__ import annotations
 
-from sglang_fl.dispatch.backends import Backend, load_real_module, real_module_available
+import weakref
+
+from sglang_fl.dispatch.backends import Backend, real_module_available
+
+_SGL_KERNEL_OPS = ("silu_and_mul", "rms_norm", "gemma_rms_norm")
 
 
 class CudaBackend(Backend):
     name = "cuda"
+    _sk = None
+
+    def __init__(self) -> None:
+        self._caches: dict[tuple[int, int], tuple] = {}
 
     def is_available(self) -> bool:
         import torch
@@ -14,15 +28,24 @@ class CudaBackend(Backend):
         if not torch.cuda.is_available():
             self.unavailable_reason = "no CUDA device"
             return False
-        # (With a flashinfer stand-in, sglang_fl.compat keeps sgl_kernel on its own norm kernels.)
-        self._sk = load_real_module(self, "sgl_kernel")
-        return self._sk is not None
+        ops = self.implemented_ops()
+        if self._sk is None or "rotary_embedding" not in ops or "mrotary_embedding" not in ops:
+            self.unavailable_reason = "; ".join(why for ok, why in (
+                real_module_available(m) for m in ("sgl_kernel", "tvm_ffi", "triton")) if not ok)
+        return bool(ops)
 
     def implemented_ops(self) -> tuple[str, ...]:
-        ops = ("silu_and_mul", "rms_norm", "gemma_rms_norm")
-        # The RoPE kernel is JIT-compiled through apache-tvm-ffi; only offer it when that is real.
-        if real_module_available("tvm_ffi")[0]:
-            ops += ("rotary_embedding",)
+        ops: tuple[str, ...] = ()
+        # (With a flashinfer stand-in, sglang_fl.compat keeps sgl_kernel on its own norm kernels.)
+        if real_module_available("sgl_kernel")[0]:
+            import sgl_kernel
+
+            self._sk = sgl_kernel
+            ops += _SGL_KERNEL_OPS
+            if real_module_available("tvm_ffi")[0]:
+                ops += ("rotary_embedding",)
+        if real_module_available("triton")[0]:
+            ops += ("mrotary_embedding",)
         return ops
 
     def silu_and_mul(self, obj, x):
@@ -68,12 +91,38 @@ class CudaBackend(Backend):
             k = key.view(tokens, -1, obj.head_size)[..., :rot_dim]
         apply_rope_with_cos_sin_cache_inplace(
             positions=position_ids.view(tokens), q=q, k=k,
-            cos_sin_cache=_cos_sin_cache(obj, cos), is_neox=not rotary_interleaved,
+            cos_sin_cache=self._cos_sin_cache(cos, sin), is_neox=not rotary_interleaved,
         )
         return query, key
 
+    def mrotary_embedding(self, obj, query, key, cos, sin, positions, mrope_section,
+                          mrope_interleaved=False, rotary_interleaved=False, inplace=True):
+        from sglang.srt.layers.rotary_embedding.triton_kernels import triton_mrope_fused
 
-def _cos_sin_cache(obj, cos):
-    """SGLang's kernel wants the combined ``[pos, rot_dim]`` cache in fp32 or the query dtype."""
-    cache = obj.cos_sin_cache
-    return cache if cache.device == cos.device else cache.to(cos.device)
+        if not inplace:
+            query, key = query.clone(), key.clone()
+        if positions.ndim == 1:  # text only: one position for all three axes
+            positions = positions.expand(3, -1)
+        tokens = positions.shape[-1]
+        # In place on [tokens, heads * head_size] rows; computes in the cache's dtype (fp32 here).
+        triton_mrope_fused(
+            query.view(tokens, -1), key.view(tokens, -1), self._cos_sin_cache(cos, sin),
+            positions, list(mrope_section), obj.head_size, 2 * cos.shape[-1], mrope_interleaved,
+            False, not rotary_interleaved, None,
+        )
+        return query, key
+
+    def _cos_sin_cache(self, cos, sin):
+        """SGLang's RoPE kernels take cos and sin as one ``[positions, rotary_dim]`` cache. The
+        op passes the same cos/sin tensors on every call (op table), so each pair is joined once
+        and kept while both live."""
+        key = (id(cos), id(sin))
+        hit = self._caches.get(key)
+        if hit is not None and hit[0]() is cos and hit[1]() is sin:
+            return hit[2]
+        import torch
+
+        self._caches = {k: v for k, v in self._caches.items() if v[0]() is not None}
+        joined = torch.cat((cos, sin), dim=-1)
+        self._caches[key] = (weakref.ref(cos), weakref.ref(sin), joined)
+        return joined

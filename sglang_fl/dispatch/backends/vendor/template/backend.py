@@ -3,8 +3,11 @@
 1. Set ``name`` (used in ``vendor.<name>``, SGLANG_FL_ALLOW/DENY_VENDORS and the dispatch log).
 2. ``is_available()``: import your runtime with ``load_real_module`` and check a device is
    visible; set ``unavailable_reason`` when not.
-3. Define only the op methods your chip really implements (signatures in
-   ``sglang_fl.dispatch.backends``); ops you leave out fall through to flagos/reference.
+3. Define only the op methods your chip really implements, each named and signed as its op in
+   the op table (``sglang_fl/dispatch/ops.py``, or ``sglang-fl ops``); ops you leave out fall
+   through to flagos/reference. Registration checks every method against the table: a
+   misspelled or mis-signed op method refuses the backend with a message naming it, so give
+   helper methods a leading ``_``. Read of ``obj`` only the attributes the op's entry lists.
    ``rms_norm`` with a residual must add ``x + residual + post_residual_addition`` in fp32, as
    SGLang's ``RMSNorm.forward_native`` does; a fused add-norm kernel that takes only two inputs
    gets them from ``self.residual_sum_parts`` (see ``vendor/cuda`` for the pattern).

@@ -1,0 +1,250 @@
+"""The op table: every Layer-2 op, declared once.
+
+Each `OpSpec` in `OPS` says, for one op:
+
+- ``name``: what ``op_backends`` / ``SGLANG_FL_PER_OP``, ``OpImpl.op_name`` and the backend
+  method are called;
+- ``signature``: the standard signature of every implementation (``obj`` is the layer);
+- ``layer_attrs``: the attributes of ``obj`` an implementation may read. Only attributes that
+  SGLang's and vLLM's layers share, so an implementation runs unchanged in vllm-plugin-FL;
+  whatever else it needs is an argument (the bridge extracts it from the SGLang layer);
+- ``contract``: what the signature cannot say (return value, dtype rules, in place or not);
+- ``serves``: the SGLang layer classes (``MultiPlatformOp`` subclasses) routed through the op,
+  as ``module:Class`` of the supported SGLang version (subclasses that keep the forward methods
+  follow their nearest served class);
+- ``tolerance``: per output dtype, how close an implementation must come to the reference in
+  the numerics tests.
+
+Everything else reads this table: Settings validates op and class names against it, backend
+registration checks every implementation against ``signature`` (``verify.py``), the SGLang glue
+routes ``serves``, ``sglang-fl ops`` lists the ops, the numerics tests use ``tolerance``.
+
+Adding an op = an entry in `OPS` + its implementations (a method named like the op on each
+backend that has a kernel, the reference backend first) + a bridge in
+``sglang_glue/bridges.py`` only if SGLang's forward signature is not ``signature`` without
+``obj``.
+
+Nothing here imports torch or SGLang at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------
+# Entry types
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``(atol, rtol)`` per output dtype, for ``torch.testing.assert_close``."""
+
+    float32: tuple[float, float]
+    float16: tuple[float, float]
+    bfloat16: tuple[float, float]
+
+    def for_dtype(self, dtype) -> dict[str, float]:
+        """``{"atol": ..., "rtol": ...}`` for a torch dtype (or its name)."""
+        atol, rtol = getattr(self, str(dtype).removeprefix("torch."))
+        return {"atol": atol, "rtol": rtol}
+
+
+#: One or two roundings to the output dtype and another reduction order than the reference:
+#: about two ulps of the output's magnitude (bf16 has 8 significant bits, fp16 11).
+ROUNDING = Tolerance(float32=(1e-5, 1e-5), float16=(2e-3, 2e-3), bfloat16=(1.6e-2, 1.6e-2))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    signature: str
+    layer_attrs: tuple[str, ...]
+    contract: str
+    serves: tuple[str, ...]
+    tolerance: Tolerance = ROUNDING
+    #: Trailing parameters an implementation may leave out, and how such an implementation is
+    #: wrapped at registration so callers can always pass them (the vendor contract's first
+    #: version had ``rms_norm(obj, x, residual=None)``).
+    optional: tuple[str, ...] = ()
+    adapt_short: Callable[[Callable], Callable] | None = None
+
+    @functools.cached_property
+    def parameters(self) -> tuple[inspect.Parameter, ...]:
+        return _parse_signature(self.name, self.signature)
+
+    def describe(self) -> str:
+        """``rms_norm(obj, x, residual=None, ...)`` as a vendor writes it."""
+        return f"{self.name}{self.signature}"
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(path.rsplit(":", 1)[1] for path in self.serves)
+
+
+def _parse_signature(name: str, text: str) -> tuple[inspect.Parameter, ...]:
+    """The parameters of ``def name<text>: ...``; defaults must be literals."""
+    fn = ast.parse(f"def {name}{text}: pass").body[0]
+    args = fn.args
+    if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+        raise ValueError(f"op {name}: the standard signature takes plain parameters only")
+    defaults = [inspect.Parameter.empty] * (len(args.args) - len(args.defaults))
+    defaults += [ast.literal_eval(d) for d in args.defaults]
+    return tuple(inspect.Parameter(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d)
+                 for a, d in zip(args.args, defaults, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared semantics of the norm ops (used by kernels and by the adapters below)
+# ---------------------------------------------------------------------------------------------
+
+
+def residual_sum_parts(x, residual, post_residual_addition):
+    """``x + residual + post_residual_addition`` as ``RMSNorm.forward_native`` adds them (each
+    cast to fp32, summed left to right), for a fused add-RMSNorm kernel that adds only two
+    inputs (in fp32) and so cannot take the third.
+
+    Returns ``(total, rest)`` in x's dtype: ``total`` is the fp32 sum rounded once, exactly the
+    residual forward_native returns, and ``rest`` is what that rounding dropped. A kernel given
+    ``(rest, total)`` normalises ``float(rest) + float(total)``, the fp32 sum to within rest's
+    own rounding. Return ``total`` itself as the residual, not the sum the kernel writes back,
+    which can be one ulp off where ``rest`` rounded to exactly half an ulp of ``total`` (a tie).
+    """
+    import torch
+
+    f32 = torch.float32
+    fp32_sum = x.to(f32) + residual.to(f32) + post_residual_addition.to(f32)
+    total = fp32_sum.to(x.dtype)
+    return total, (fp32_sum - total.to(f32)).to(x.dtype)
+
+
+def _rms_norm_without_post(fn):
+    """An ``rms_norm(obj, x, residual=None)`` given the whole op: the three-way fp32 sum is split
+    with `residual_sum_parts`, so the impl's own two-input add reproduces it."""
+
+    @functools.wraps(fn)
+    def rms_norm(obj, x, residual=None, post_residual_addition=None):
+        if residual is None:
+            return fn(obj, x)
+        if post_residual_addition is None:
+            return fn(obj, x, residual)
+        total, rest = residual_sum_parts(x, residual, post_residual_addition)
+        out, _ = fn(obj, rest, total.clone())  # the impl may write into its inputs
+        return out, total
+
+    return rms_norm
+
+
+def _gemma_rms_norm_without_post(fn):
+    """A ``gemma_rms_norm(obj, x, residual=None)`` given the whole op: GemmaRMSNorm adds
+    ``residual + post_residual_addition`` in the input dtype first."""
+
+    @functools.wraps(fn)
+    def gemma_rms_norm(obj, x, residual=None, post_residual_addition=None):
+        if residual is None:
+            return fn(obj, x)
+        if post_residual_addition is not None:
+            residual = residual + post_residual_addition
+        return fn(obj, x, residual)
+
+    return gemma_rms_norm
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        name="silu_and_mul",
+        signature="(obj, x)",
+        layer_attrs=(),
+        contract="-> Tensor: silu(x[..., :d]) * x[..., d:] with d = x.shape[-1] // 2.",
+        serves=("sglang.srt.layers.activation:SiluAndMul",),
+    ),
+    OpSpec(
+        name="rms_norm",
+        signature="(obj, x, residual=None, post_residual_addition=None)",
+        layer_attrs=("weight", "variance_epsilon"),
+        contract=(
+            "-> Tensor without a residual, else (normed, new_residual): new_residual is "
+            "x + residual + post_residual_addition summed in fp32 and rounded once, normed is "
+            "that sum normalised and scaled by obj.weight (as RMSNorm.forward_native). "
+            "post_residual_addition only comes with a residual. A fused kernel that adds two "
+            "inputs gets them from residual_sum_parts(); an impl that leaves "
+            "post_residual_addition out is wrapped that way at registration."),
+        serves=("sglang.srt.layers.layernorm:RMSNorm",),
+        optional=("post_residual_addition",),
+        adapt_short=_rms_norm_without_post,
+    ),
+    OpSpec(
+        name="gemma_rms_norm",
+        signature="(obj, x, residual=None, post_residual_addition=None)",
+        layer_attrs=("weight", "variance_epsilon"),
+        contract=(
+            "As rms_norm, but scaled by (1 + obj.weight) computed in fp32 (obj.weight holds the "
+            "checkpoint's Gemma weight in SGLang and vLLM alike) and, as "
+            "GemmaRMSNorm.forward_native, the adds are in x's dtype: residual + "
+            "post_residual_addition first, then x + that."),
+        serves=("sglang.srt.layers.layernorm:GemmaRMSNorm",),
+        optional=("post_residual_addition",),
+        adapt_short=_gemma_rms_norm_without_post,
+    ),
+    OpSpec(
+        name="rotary_embedding",
+        signature=("(obj, query, key, cos, sin, position_ids, rotary_interleaved=False, "
+                   "inplace=True)"),
+        layer_attrs=("head_size",),
+        contract=(
+            "-> (query, key) rotated: cos/sin are the whole per-position caches "
+            "[max_positions, rotary_dim // 2], treated as constant per tensor (the bridge passes "
+            "the same ones every call); position_ids [tokens] index them; the first rotary_dim "
+            "channels of every head of query [tokens, heads * head_size] and key are rotated "
+            "(GPT-J pairs if rotary_interleaved, else NeoX halves); inplace writes into query "
+            "and key and returns them."),
+        serves=("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding",),
+    ),
+    OpSpec(
+        name="mrotary_embedding",
+        signature=("(obj, query, key, cos, sin, positions, mrope_section, "
+                   "mrope_interleaved=False, rotary_interleaved=False, inplace=True)"),
+        layer_attrs=("head_size",),
+        contract=(
+            "Multimodal RoPE (Qwen2-VL to Qwen3.5/3.6): as rotary_embedding, but positions is "
+            "[3, tokens] (temporal, height, width) and rotary pair i (of rotary_dim // 2) takes "
+            "cos/sin from one of the three. mrope_section = (t, h, w) pair counts, summing to "
+            "rotary_dim // 2: pairs [0, t) from T, [t, t + h) from H, the rest from W; with "
+            "mrope_interleaved, pair i from H if i % 3 == 1 and i < 3h, from W if i % 3 == 2 and "
+            "i < 3w, else from T. positions of shape [tokens] (text only) serve all three axes."),
+        serves=("sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",),
+    ),
+)
+
+OPS_BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in OPS}
+OP_NAMES: tuple[str, ...] = tuple(OPS_BY_NAME)
+#: Layer classes a user can name in SGLANG_FL_OOT_WHITELIST / _BLACKLIST.
+ROUTED_CLASSES: tuple[str, ...] = tuple(n for spec in OPS for n in spec.class_names)
+
+
+def op_spec(name: str) -> OpSpec:
+    """The entry of op ``name``; an unknown name raises KeyError with the closest op names."""
+    try:
+        return OPS_BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}{did_you_mean(name)}; ops: {', '.join(OP_NAMES)}") from None
+
+
+def closest(name: str, choices=OP_NAMES) -> str | None:
+    """The name in ``choices`` that ``name`` is most likely a misspelling of, if any."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, choices=OP_NAMES) -> str:
+    close = closest(name, choices)
+    return f" (did you mean {close!r}?)" if close else ""
