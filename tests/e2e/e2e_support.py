@@ -37,6 +37,17 @@ def hermetic_env(tmp_path: Path, **overrides) -> dict:
     return env
 
 
+def process_env(tmp_path: Path, **overrides) -> dict:
+    """The whole environment for a child process: this one's, made hermetic (`hermetic_env`)."""
+    env = dict(os.environ)
+    for key, value in hermetic_env(tmp_path, **overrides).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
 def serve(model, tmp_path: Path, timeout: float = 240, **env_overrides):
     return launched_server(model, SERVER_ARGS, hermetic_env(tmp_path, **env_overrides),
                            log_path=tmp_path / "server.log", timeout=timeout)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from e2e_support import (
     MAX_NEW_TOKENS,
     dispatch_lines,
     hermetic_env,
+    process_env,
     standin_calls_in,
 )
 
@@ -23,21 +23,12 @@ pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
 
 
-def _env(tmp_path):
-    env = dict(os.environ)
-    for key, value in hermetic_env(tmp_path).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
 
 def test_offline_engine_with_the_plugin(tiny_model, prompt_ids, hf_ids, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_probe.py"), str(tiny_model), str(MAX_NEW_TOKENS),
          json.dumps(prompt_ids)],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+        env=process_env(tmp_path), capture_output=True, text=True, timeout=400)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
@@ -52,7 +43,7 @@ def test_demo_command_end_to_end(tiny_model, tmp_path):
     proc = subprocess.run(
         [*command, "demo", "--model-dir", str(tiny_model),
          "--max-tokens", "8", "--log", str(tmp_path / "demo-server.log")],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+        env=process_env(tmp_path), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     out = proc.stdout
     assert "assistant: " in out
@@ -70,7 +61,7 @@ def test_demo_ctrl_c_while_starting_stops_the_whole_server(tiny_model, tmp_path)
 
     script = Path(sys.executable).with_name("sglang-fl")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl.cli"]
-    proc = subprocess.Popen([*command, "demo", "--model-dir", str(tiny_model)], env=_env(tmp_path),
+    proc = subprocess.Popen([*command, "demo", "--model-dir", str(tiny_model)], env=process_env(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         descendants: dict[int, psutil.Process] = {}

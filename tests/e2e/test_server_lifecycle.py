@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from e2e_support import SERVER_ARGS, hermetic_env, serve
+from e2e_support import SERVER_ARGS, process_env, serve
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.e2e
@@ -81,12 +81,7 @@ OWNER = textwrap.dedent("""
 
 
 def test_server_started_from_a_finished_thread_serves_and_dies_with_its_owner(tiny_model, tmp_path):
-    env = dict(os.environ)
-    for key, value in hermetic_env(tmp_path).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
+    env = process_env(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(tiny_model), str(tmp_path / "server.log"), *SERVER_ARGS],
