@@ -79,3 +79,29 @@ def installed(dist: str) -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
+
+
+def near_tie_divergences(model_path, prompt_ids, got, want, device="cpu") -> list[tuple]:
+    """Where served greedy ids part from HF's, HF's logit margin between its own token and the
+    served one at the first differing step: ``[(prompt index, step, margin)]``.
+
+    Greedy equality is only meaningful away from near-ties: a kernel that rounds differently
+    (TF32 GEMMs, another reduction order) may pick the runner-up where the two top logits are
+    within its rounding. A caller asserts each margin is below what that rounding can explain.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = None
+    out = []
+    for i, (ids, g, w) in enumerate(zip(prompt_ids, got, want, strict=True)):
+        step = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
+        if step is None:
+            continue
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+        x = torch.tensor([list(ids) + list(w[:step])], device=device)
+        with torch.no_grad():
+            logits = model(x).logits[0, -1].float()
+        out.append((i, step, float(logits[w[step]] - logits[g[step]])))
+    return out

@@ -15,6 +15,7 @@ from e2e_support import (
     dispatch_lines,
     greedy_ids,
     installed,
+    near_tie_divergences,
     serve,
     standin_calls_in,
 )
@@ -79,5 +80,9 @@ def test_empty_install_serves_moe_on_cuda_with_flaggems(moe_model, moe_prompt_id
     assert not [line for line in lines if "left to SGLang" in line], lines
     assert "[OOT-DISPATCH] TopK → flagos(flagos)" in lines, lines
     assert "[OOT-DISPATCH] UnquantizedFusedMoEMethod → flagos(flagos)" in lines, lines
-    # FlagGems' fp32 GEMMs may use TF32: exact over the first tokens, as above.
-    assert [ids[:8] for ids in got] == [ids[:8] for ids in hf]
+    # FlagGems' fp32 expert GEMMs run in TF32 (Triton's default for fp32 dots; ~1e-3 relative),
+    # HF in full fp32. Seen on the H200 2026-12-01: one prompt of three parted at step 5. Where
+    # the ids part, HF's own top two logits must be within what TF32 rounding can move.
+    parted = near_tie_divergences(moe_model, moe_prompt_ids, [g[:8] for g in got],
+                                  [h[:8] for h in hf], device="cuda")
+    assert all(margin < 5e-2 for _, _, margin in parted), parted

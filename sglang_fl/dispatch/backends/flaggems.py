@@ -96,9 +96,11 @@ class FlagGemsBackend(Backend):
             rows = torch.empty_like(ids)  # the kernel's token_expert_indices, unused here
             self._gems.topk_softmax(weights, ids, rows, router_logits, renormalize)
             return weights, ids
-        if num_expert_group and correction_bias is None:
+        if (num_expert_group and correction_bias is None) or top_k & (top_k - 1):
             # flag_gems.grouped_topk scores a group by its two best experts; grouped routing
-            # without a bias (DeepSeek-V2) scores it by its best one: the reference math, on device.
+            # without a bias (DeepSeek-V2) scores it by its best one. Its kernel also only compiles
+            # for a power-of-two top_k (H200: k=6 fails in Triton). Both: the reference math, on
+            # device.
             return select_experts(router_logits, top_k, renormalize=renormalize,
                                   scoring_func=scoring_func, num_expert_group=num_expert_group,
                                   topk_group=topk_group)
