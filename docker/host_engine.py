@@ -189,9 +189,9 @@ def compose_version() -> str | None:
     return None
 
 
-def debian_mirror() -> str:
+def debian_mirror(etc_apt: Path = Path("/etc/apt")) -> str:
     """The Debian archive this host's apt uses (deb822 or one-line sources)."""
-    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    sources = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
     for path in sources:
         if not path.is_file() or path.suffix not in ("", ".list", ".sources"):
             continue
@@ -356,8 +356,8 @@ def pip_build_args():
     """Build arguments carrying this host's pip settings into a build with `--network host`.
 
     Remote index URLs pass through as they are; local wheel folders and file:// indexes are
-    served read-only on 127.0.0.1 for the duration of the build (a file index's links point to
-    the folder beside it, so the folder above each is served). Locally added CA certificates
+    served read-only on 127.0.0.1 for the duration of the build (a wheel folder as it is; for a
+    file index the folder above it, since its links point to a folder beside it). Locally added CA certificates
     (Debian: /usr/local/share/ca-certificates) go into docker/ca-certificates/, which the
     Dockerfiles trust. Yields the list of ``--build-arg`` arguments."""
     config = _pip_config()
@@ -378,7 +378,9 @@ def pip_build_args():
                                 "a token-free mirror for builds")
             path = local(value)
             if path:
-                roots.append(os.path.realpath(os.path.dirname(path.rstrip("/"))))
+                path = os.path.realpath(path)
+                # a wheel folder is served as it is; a file index with the folder above it
+                roots.append(path if key == "find-links" else os.path.dirname(path))
     server = None
     added: list[Path] = []
     try:

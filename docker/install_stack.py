@@ -13,7 +13,8 @@ differs per platform is data, in ``docker/stacks/<platform>.ini``; this file onl
 4. empty-mode    SGLang, FlagGems and the vendor op package with ``--no-deps`` (their own pins
                  would pull a CUDA torch, flashinfer, ...)
 5. plugin        sglang_fl itself, from the project directory
-6. flagcx        FlagCX cloned at a pinned tag and built with the vendor's make flag
+6. flagcx        FlagCX cloned at a pinned tag (no submodules: nlohmann-json comes from the
+                 distribution's package) and built with the vendor's make flag
 7. verify        distributions present, vendor packages unchanged, safe imports succeed
 
 ``--dry-run`` resolves and prints the plan without running anything (``--json`` for machines).
@@ -171,6 +172,8 @@ class Options:
     phase: str = "all"
     #: Replaces the stack's [vendor] index_url when not None ("" = pip's own settings only).
     vendor_index_url: str | None = None
+    #: Replaces the stack's [flagcx] repo when set (a mirror; the tag must be there).
+    flagcx_repo: str | None = None
 
 
 def _pip(opts: Options, *args: str) -> list[str]:
@@ -239,8 +242,10 @@ def _all_steps(stack: Stack, opts: Options) -> list[Step]:
                 "flagcx",
                 f"FlagCX {stack.flagcx_tag} built for this vendor; set FLAGCX_PATH={dest}",
                 [
+                    # Submodules are left out: googletest is for FlagCX's own tests, and
+                    # <nlohmann/json.hpp> is found in /usr/include (nlohmann-json3-dev).
                     ["git", "clone", "--depth", "1", "--branch", stack.flagcx_tag,
-                     "--recurse-submodules", "--shallow-submodules", stack.flagcx_repo, dest],
+                     opts.flagcx_repo or stack.flagcx_repo, dest],
                     ["make", "-C", dest, f"-j{opts.jobs}", *make],
                     ["rm", "-rf", f"{dest}/.git", f"{dest}/third-party/googletest"],
                 ],
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vendor-index-url", metavar="URL", default=None,
                     help="index for the vendor packages instead of the stack's (a mirror); "
                          "'' leaves them to pip's own settings (find-links, PIP_INDEX_URL)")
+    ap.add_argument("--flagcx-repo", metavar="URL", default=None,
+                    help="clone FlagCX from this mirror instead of the stack's repo")
     ap.add_argument("--phase", choices=("all", *PHASES), default="all",
                     help="all steps (default), or deps / plugin for a layered image build")
     ap.add_argument("--dry-run", action="store_true", help="print the resolved plan, run nothing")
@@ -425,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             phase=args.phase,
             vendor_index_url=args.vendor_index_url,
+            flagcx_repo=args.flagcx_repo,
         )
         steps = build_plan(stack, opts)
         if args.dry_run:
