@@ -139,16 +139,16 @@ def device_problem(vendor: str) -> str | None:
     """Why `docker run` cannot hand this vendor's devices to a container here, or None."""
     if vendor == "cuda":
         if not Path("/dev/nvidiactl").exists():
-            return "no NVIDIA driver on this host (/dev/nvidiactl is absent)"
+            return "no NVIDIA driver (/dev/nvidiactl is absent)"
         runtimes = image_tests._docker("info", "--format", "{{json .Runtimes}}", check=False).stdout
         if "nvidia" not in runtimes and shutil.which("nvidia-container-cli") is None:
             return "Docker has no NVIDIA runtime (install the NVIDIA Container Toolkit)"
     elif vendor == "ascend":
         if not Path("/dev/davinci_manager").exists():
-            return "no Ascend driver on this host (/dev/davinci_manager is absent)"
+            return "no Ascend driver (/dev/davinci_manager is absent)"
     elif vendor == "musa":
         if not list(Path("/dev").glob("mtgpu*")):
-            return "no Moore Threads GPU on this host (no /dev/mtgpu* device)"
+            return "no Moore Threads GPU (no /dev/mtgpu* device)"
     return None
 
 

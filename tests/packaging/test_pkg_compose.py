@@ -101,11 +101,14 @@ def test_pair_layout_takes_port_address_and_server_args_from_the_environment():
         assert s["healthcheck"]["interval"] == "3s"
 
 
-def test_cpu_override_uses_gloo_and_one_core_per_rank():
+def test_cpu_override_uses_gloo_one_core_per_rank_and_no_unlimited_memlock():
     for name, s in render("cpu").items():
         assert s["image"] == "flagos/sglang-fl:cpu"
         assert s["environment"]["SGLANG_FL_DIST_BACKEND"] == "gloo", name  # no FlagCX on CPU
         assert s["environment"]["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+        assert s["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"  # compose.yaml's env kept
+        # an engine without CAP_SYS_RESOURCE refuses memlock -1 ("error setting rlimit type 8")
+        assert s["ulimits"]["memlock"] == 65536 and s["ulimits"]["stack"] == 67108864
 
 
 @pytest.mark.parametrize("vendor", PLATFORMS)
@@ -125,7 +128,7 @@ def test_node_layout_takes_rank_and_master_from_the_environment(vendor):
                for v in node["volumes"])
     assert node["healthcheck"]["test"] == ["CMD", "sglang-fl-entrypoint", "healthcheck"]
     assert node["restart"] == "on-failure:3"
-    assert node["ulimits"]["memlock"] == -1
+    assert node["ulimits"]["memlock"] == (65536 if vendor == "cpu" else -1)  # RDMA: unlimited
 
 
 def test_node_layout_defaults_to_rank_zero_on_loopback():

@@ -204,8 +204,10 @@ def test_dockerignore_keeps_what_the_build_needs_and_drops_the_rest():
     needed = ["pyproject.toml", "README.md", "docker/install_stack.py", "docker/entrypoint.sh",
               "docker/stacks/cuda.ini", "docker/stacks/common.txt", "sglang_fl/__init__.py",
               "sglang_fl/config/cuda.yaml", "sglang_fl/models/tiny.py",
-              "sglang_fl/smoke/checks.py", "requirements/sglang-0.5.11-cpu.txt"]
+              "sglang_fl/smoke/checks.py", "requirements/sglang-0.5.11-cpu.txt",
+              "docker/ca-certificates/README.md", "docker/stacks/cpu.ini"]
     assert [p for p in needed if _ignored(p, patterns)] == []
     dropped = [".git/config", ".venv/bin/python", ".env", ".env.local", "certs/server.key",
-               "sglang_fl/__pycache__/x.pyc", ".nox/tests/bin/python", "tests/unit/test_x.py"]
+               "sglang_fl/__pycache__/x.pyc", ".nox/tests/bin/python", "tests/unit/test_x.py",
+               "compose.yaml", "compose.cpu.yaml", "deploy/kubernetes/render.py"]
     assert [p for p in dropped if not _ignored(p, patterns)] == []

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from pkg_helpers import ROOT
+from pkg_helpers import ROOT, run
 
 sys.path.insert(0, str(ROOT / "docker"))
 import host_engine  # noqa: E402 - docker/ is not a package
@@ -94,7 +94,14 @@ def test_vendor_wheels_are_local_only_for_the_right_version_and_python(pip_env, 
     assert not host_engine.vendor_wheels_are_local("cuda")  # nothing to install: the base has it
 
 
-def test_check_says_why_in_one_line():
-    r = host_engine.main(["check"])
-    assert r in (0, 3)
+def test_check_says_why_it_cannot_in_one_line(tmp_path):
+    """What .ci/run prints when it skips the image sessions."""
+    import os
+
+    r = run([sys.executable, str(ROOT / "docker" / "host_engine.py"), "check"],
+            env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/absent.sock"})
+    assert r.returncode == 3
+    (line,) = r.stdout.splitlines()
+    assert line.startswith(f"no Docker engine here: DOCKER_HOST=unix://{tmp_path}/absent.sock "
+                           "is set but ")
     assert host_engine.main(["no-such-command"]) == 2
