@@ -21,7 +21,7 @@ COMPOSE_FILES = ["compose.yaml", *(f"compose.{v}.yaml" for v in PLATFORMS)]
 LAYOUT_VARS = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TP", "NNODES", "PORT", "MODEL_NAME",
                "MODEL_DIR", "SOCKET_IFNAME", "SGLANG_FL_IMAGE", "PAIR_DEVICE0", "PAIR_DEVICE1",
                "SGLANG_FL_DIST_BACKEND", "PUBLISH_ADDR", "SERVER_ARGS", "HEALTH_INTERVAL",
-               "LEADER_TIMEOUT", "CPU_OMP_THREADS_BIND", "COMPOSE_PROFILES", "COMPOSE_FILE",
+               "LEADER_TIMEOUT", "CPU_OMP_THREADS_BIND", "SHM_SIZE", "COMPOSE_PROFILES", "COMPOSE_FILE",
                "COMPOSE_PROJECT_NAME")
 
 
@@ -77,7 +77,9 @@ def test_pair_layout_two_containers_on_a_user_defined_network(vendor):
         assert s["image"] == f"flagos/sglang-fl:{vendor}"
         assert "network_mode" not in s and list(s["networks"]) == ["tp"]
         assert s["hostname"] == name  # the leader address node0 is its name on that network
-        assert s["ipc"] == "host"
+        # own IPC namespace: with the host's, SGLang takes both containers for one node and
+        # waits on a loopback socket across network namespaces (seen in compose-cpu)
+        assert "ipc" not in s and s["shm_size"] == "17179869184"
         assert s["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"  # the bridge interface
         assert s["environment"]["SGLANG_FL_PORT"] == s["command"][-1]  # healthcheck's port
     # only the leader publishes the API
