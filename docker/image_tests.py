@@ -320,5 +320,5 @@ def _posargs(session) -> dict[str, str]:
     try:
         return split_posargs(list(session.posargs))
     except ImageCheckError as exc:
-        session.error(str(exc))
-        raise
+        session.error(str(exc))  # raises: the session stops here
+        return {}
