@@ -216,6 +216,8 @@ def ensure_compose() -> str:
     with _host_lock(), tempfile.TemporaryDirectory(prefix="sglang-fl-compose-") as tmp:
         if compose_version():
             return f"docker compose {compose_version()}"
+        if shutil.which("docker") is None:
+            apt_install("docker.io")  # the CLI the plugin belongs to
         work = Path(tmp)
         (work / "lists" / "partial").mkdir(parents=True)
         (work / "cache" / "archives" / "partial").mkdir(parents=True)
