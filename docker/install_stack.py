@@ -13,10 +13,14 @@ differs per platform is data, in ``docker/stacks/<platform>.ini``; this file onl
 4. empty-mode    SGLang, FlagGems and the vendor op package with ``--no-deps`` (their own pins
                  would pull a CUDA torch, flashinfer, ...)
 5. plugin        sglang_fl itself, from the project directory
-6. flagcx        FlagCX cloned at a pinned tag and built with the vendor's make flag
+6. flagcx        FlagCX cloned at a pinned tag (no submodules: nlohmann-json comes from the
+                 distribution's package) and built with the vendor's make flag
 7. verify        distributions present, vendor packages unchanged, safe imports succeed
 
 ``--dry-run`` resolves and prints the plan without running anything (``--json`` for machines).
+``--phase deps`` runs steps 1-4 and 6, ``--phase plugin`` steps 1-2 (freeze only), 5 and 7: an
+image installs the slow, rarely changing part in one layer before it copies the source tree, so
+a change to the plugin rebuilds only the last layer.
 Standard library only: it runs on the bare Python of every vendor base image (3.10+).
 """
 
@@ -165,6 +169,11 @@ class Options:
     editable: bool = False
     pip_args: tuple[str, ...] = ()
     jobs: int = os.cpu_count() or 2
+    phase: str = "all"
+    #: Replaces the stack's [vendor] index_url when not None ("" = pip's own settings only).
+    vendor_index_url: str | None = None
+    #: Replaces the stack's [flagcx] repo when set (a mirror; the tag must be there).
+    flagcx_repo: str | None = None
 
 
 def _pip(opts: Options, *args: str) -> list[str]:
@@ -176,7 +185,26 @@ def constraints_path(opts: Options) -> str:
     return str(Path(tempfile.gettempdir()) / f"sglang-fl-vendor-constraints-{os.getpid()}.txt")
 
 
+#: Steps of each --phase ("all" is every step).
+PHASES = {
+    "deps": ("python", "vendor", "requirements", "empty-mode", "flagcx"),
+    "plugin": ("python", "vendor", "plugin", "verify"),
+}
+
+
 def build_plan(stack: Stack, opts: Options) -> list[Step]:
+    steps = _all_steps(stack, opts)
+    if opts.phase == "all":
+        return steps
+    keep = [s for s in steps if s.name in PHASES[opts.phase]]
+    if opts.phase == "plugin":
+        for step in keep:
+            if step.name == "vendor":  # installed by the deps phase: only freeze it again
+                step.commands = []
+    return keep
+
+
+def _all_steps(stack: Stack, opts: Options) -> list[Step]:
     cons = constraints_path(opts)
     steps = [
         Step("python", f"interpreter must be Python {' or '.join(stack.python_versions)}"),
@@ -188,7 +216,8 @@ def build_plan(stack: Stack, opts: Options) -> list[Step]:
         + f") at their installed versions into {cons}",
     )
     if stack.vendor_install:
-        extra = ["--extra-index-url", stack.vendor_index_url] if stack.vendor_index_url else []
+        index = stack.vendor_index_url if opts.vendor_index_url is None else opts.vendor_index_url
+        extra = ["--extra-index-url", index] if index else []
         vendor.commands.append(_pip(opts, *extra, *stack.vendor_install))
     steps.append(vendor)
     if stack.requirements:
@@ -213,8 +242,10 @@ def build_plan(stack: Stack, opts: Options) -> list[Step]:
                 "flagcx",
                 f"FlagCX {stack.flagcx_tag} built for this vendor; set FLAGCX_PATH={dest}",
                 [
+                    # Submodules are left out: googletest is for FlagCX's own tests, and
+                    # <nlohmann/json.hpp> is found in /usr/include (nlohmann-json3-dev).
                     ["git", "clone", "--depth", "1", "--branch", stack.flagcx_tag,
-                     "--recurse-submodules", "--shallow-submodules", stack.flagcx_repo, dest],
+                     opts.flagcx_repo or stack.flagcx_repo, dest],
                     ["make", "-C", dest, f"-j{opts.jobs}", *make],
                     ["rm", "-rf", f"{dest}/.git", f"{dest}/third-party/googletest"],
                 ],
@@ -273,6 +304,7 @@ def format_plan(stack: Stack, steps: list[Step], opts: Options) -> str:
 def plan_as_dict(stack: Stack, steps: list[Step], opts: Options) -> dict:
     return {
         "platform": stack.platform,
+        "phase": opts.phase,
         "python": opts.python,
         "python_versions": list(stack.python_versions),
         "provided": list(stack.provided),
@@ -376,6 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for every pip install (repeatable), e.g. --pip-arg=--no-cache-dir")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="make -j for FlagCX")
+    ap.add_argument("--vendor-index-url", metavar="URL", default=None,
+                    help="index for the vendor packages instead of the stack's (a mirror); "
+                         "'' leaves them to pip's own settings (find-links, PIP_INDEX_URL)")
+    ap.add_argument("--flagcx-repo", metavar="URL", default=None,
+                    help="clone FlagCX from this mirror instead of the stack's repo")
+    ap.add_argument("--phase", choices=("all", *PHASES), default="all",
+                    help="all steps (default), or deps / plugin for a layered image build")
     ap.add_argument("--dry-run", action="store_true", help="print the resolved plan, run nothing")
     ap.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     args = ap.parse_args(argv)
@@ -391,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
             editable=args.editable,
             pip_args=tuple(args.pip_arg),
             jobs=args.jobs,
+            phase=args.phase,
+            vendor_index_url=args.vendor_index_url,
+            flagcx_repo=args.flagcx_repo,
         )
         steps = build_plan(stack, opts)
         if args.dry_run:
@@ -404,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:
         print(f"install_stack: error: {exc}", file=sys.stderr)
         return 2
-    print(f"install_stack: {stack.platform} stack installed", flush=True)
+    done = "installed" if args.phase == "all" else f"phase {args.phase} installed"
+    print(f"install_stack: {stack.platform} stack {done}", flush=True)
     return 0
 
 

@@ -3,8 +3,8 @@ nox sessions, with the real tools (hadolint, shellcheck, check-jsonschema, docke
 
 A tool that is not installed skips its test, except where the environment says the tool is
 part of the run: ``SGLANG_FL_TEST_REQUIRE_TOOLS=1`` (set by ``nox -s tests``, which installs
-hadolint/shellcheck/check-jsonschema) and ``SGLANG_FL_TEST_REQUIRE_COMPOSE=1`` (set by
-ci/cpu-pipeline.sh, which installs docker-compose)."""
+hadolint/shellcheck/check-jsonschema/kubernetes-validate) and ``SGLANG_FL_TEST_REQUIRE_COMPOSE=1``
+(set by .ci/run and ci/cpu-pipeline.sh, which install Compose v2 with docker/host_engine.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VENDORS = ("cuda", "ascend", "musa")
+#: Every image: the vendors' and the CPU image CI builds and runs.
+PLATFORMS = ("cpu", *VENDORS)
 MAKE_FLAG = {"cuda": "USE_NVIDIA=1", "ascend": "USE_ASCEND=1", "musa": "USE_MUSA=1"}
 
 
@@ -33,17 +35,15 @@ def tool(name: str, required_by: str = "SGLANG_FL_TEST_REQUIRE_TOOLS") -> str:
 
 
 def compose_command() -> list[str]:
-    """A real compose implementation: `docker compose` (v2) or `docker-compose` (v1)."""
+    """Compose v2 (`docker compose`), what every current Docker install has; v1 is not used."""
     if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
-        if probe.returncode == 0:
+        probe = subprocess.run(["docker", "compose", "version", "--short"], capture_output=True,
+                               text=True)
+        if probe.returncode == 0 and probe.stdout.strip().lstrip("v")[:1] >= "2":
             return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
     if os.environ.get("SGLANG_FL_TEST_REQUIRE_COMPOSE") == "1":
-        pytest.fail("a compose implementation is required here but neither `docker compose` "
-                    "nor `docker-compose` is installed")
-    pytest.skip("no compose implementation installed (ci/cpu-pipeline.sh installs docker-compose)")
+        pytest.fail("Compose v2 is required here but `docker compose version` fails")
+    pytest.skip("no Compose v2 here (`python3 docker/host_engine.py compose` installs it as root)")
 
 
 def run(cmd, **kwargs) -> subprocess.CompletedProcess:

@@ -1,6 +1,8 @@
-"""The three vendor Dockerfiles: hadolint clean, and the product's own rules (pinned base,
-shared install script, platform YAML from ARG PLATFORM, FlagCX path, entrypoint, HEALTHCHECK,
-OCI labels, non-root where possible, no secrets) checked on the parsed instructions."""
+"""The four Dockerfiles (three vendors and the CPU image CI builds): hadolint clean, and the
+product's own rules (base image a build argument pinned by tag, shared install script in two
+cached phases, platform YAML from ARG PLATFORM, FlagCX path, entrypoint, HEALTHCHECK, OCI labels,
+non-root where possible, proxy/mirror build options, no BuildKit-only syntax, no secrets)
+checked on the parsed instructions. `nox -s image-cpu` builds and runs the CPU one for real."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import re
 import shlex
 
 import pytest
-from pkg_helpers import ROOT, VENDORS, run, tool
+from pkg_helpers import PLATFORMS, ROOT, run, tool
 
 SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|CREDENTIAL|ACCESS_KEY)", re.I)
 
@@ -41,8 +43,9 @@ def args_of(ins, name):
 def arg_defaults(ins) -> dict[str, str]:
     defaults = {}
     for rest in args_of(ins, "ARG"):
-        key, _, value = rest.partition("=")
-        defaults[key] = value.strip('"')
+        key, sep, value = rest.partition("=")
+        if sep:  # a later bare `ARG NAME` (re-declared in the stage) keeps the default
+            defaults[key] = value.strip('"')
     return defaults
 
 
@@ -58,12 +61,14 @@ def env_values(ins) -> dict[str, str]:
 
 
 def test_hadolint_clean():
-    result = run([tool("hadolint"), *(str(ROOT / "docker" / v / "Dockerfile") for v in VENDORS)])
+    files = [ROOT / "docker" / v / "Dockerfile" for v in PLATFORMS]
+    files.append(ROOT / "docker" / "cuda" / "substitute-base.Dockerfile")
+    result = run([tool("hadolint"), *map(str, files)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("vendor", PLATFORMS)
 def test_base_image_pinned_by_tag(vendor):
     ins = instructions(vendor)
     assert ins[0][0] == "ARG" and ins[0][1].startswith("BASE_IMAGE="), "BASE_IMAGE ARG comes first"
@@ -73,30 +78,72 @@ def test_base_image_pinned_by_tag(vendor):
     assert name and tag and "/" not in tag, f"{base}: no tag"
     assert tag != "latest" and not tag.startswith("latest"), f"{base}: floating tag"
     expected = {"cuda": "pytorch/pytorch:2.11.0-cuda13.0", "ascend": "quay.io/ascend/cann:8.5.0",
-                "musa": "registry.mthreads.com/mcconline/musa-pytorch-release-public:rc5.1.0"}
+                "musa": "registry.mthreads.com/mcconline/musa-pytorch-release-public:rc5.1.0",
+                "cpu": "debian:12."}
     assert base.startswith(expected[vendor])
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
-def test_installs_through_the_shared_script(vendor):
+@pytest.mark.parametrize("vendor", PLATFORMS)
+def test_installs_through_the_shared_script_in_two_cached_phases(vendor):
     ins = instructions(vendor)
-    runs = " ".join(args_of(ins, "RUN"))
-    assert f"docker/install_stack.py --platform {vendor} " in runs
-    assert "--flagcx-dir /opt/flagcx" in runs
-    assert "--skip-flagcx" not in runs
+    runs = args_of(ins, "RUN")
+    deps = [r for r in runs if "--phase deps" in r]
+    plugin = [r for r in runs if "--phase plugin" in r]
+    assert len(deps) == len(plugin) == 1
+    for r in deps + plugin:
+        assert f"docker/install_stack.py --platform {vendor} " in r
+        assert "--skip-flagcx" not in r
+        assert ("--flagcx-dir /opt/flagcx" in r) == (vendor != "cpu")  # no CPU adaptor
+        # pip trusts the system store, where docker/ca-certificates/*.crt were added
+        assert "PIP_CERT=/etc/ssl/certs/ca-certificates.crt" in r
+    assert '--vendor-index-url=${VENDOR_INDEX_URL}' in deps[0]
+    # the deps phase sees only the stack files; the whole tree is copied after it
+    words = [w for w, _ in ins]
+    copies = [(i, rest) for i, (w, rest) in enumerate(ins) if w == "COPY"]
+    (tree,) = [i for i, rest in copies if rest == ". ."]
+    assert words.index("RUN", 0) < tree
+    assert ins.index(("RUN", deps[0])) < tree < ins.index(("RUN", plugin[0]))
+    before = {rest.split()[0] for i, rest in copies if i < tree}
+    assert before == {"docker/ca-certificates/", "pyproject.toml", "requirements/",
+                      "docker/install_stack.py", "docker/stacks/"}
     # nothing else installs Python packages behind the script's back
-    assert re.search(r"pip[3]? install", runs) is None
+    assert re.search(r"pip[3]? install", " ".join(runs)) is None
     assert (ROOT / "docker" / "stacks" / f"{vendor}.ini").is_file()
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("vendor", PLATFORMS)
+def test_proxy_and_mirror_build_options(vendor):
+    ins = instructions(vendor)
+    declared = {rest.split("=")[0] for rest in args_of(ins, "ARG")}
+    assert {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST",
+            "VENDOR_INDEX_URL"} <= declared
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "VENDOR_INDEX_URL"):
+        assert name not in arg_defaults(ins), f"{name} has no default: unset unless given"
+        assert name not in env_values(ins), f"{name} must not stay in the image's environment"
+    copy_ca = args_of(ins, "COPY")[0]
+    assert copy_ca == "docker/ca-certificates/ /usr/local/share/ca-certificates/sglang-fl/"
+    assert "update-ca-certificates" in args_of(ins, "RUN")[0]
+    assert (ROOT / "docker" / "ca-certificates" / "README.md").is_file()
+    text = (ROOT / "docker" / vendor / "Dockerfile").read_text()
+    # a `# syntax=` line makes BuildKit fetch a frontend from Docker Hub (air-gapped: fails)
+    assert "# syntax=" not in text and "--mount=" not in text
+
+
+def test_labels_come_last_so_versions_keep_the_install_cache():
+    for vendor in PLATFORMS:
+        ins = instructions(vendor)
+        words = [w for w, _ in ins]
+        assert words.index("LABEL") > max(i for i, w in enumerate(words) if w == "RUN")
+
+
+@pytest.mark.parametrize("vendor", PLATFORMS)
 def test_platform_yaml_flagcx_and_entrypoint(vendor):
     ins = instructions(vendor)
     assert arg_defaults(ins)["PLATFORM"] == vendor
     assert (ROOT / "sglang_fl" / "config" / f"{vendor}.yaml").is_file()
     env = env_values(ins)
     assert env["SGLANG_FL_PLATFORM"] == "${PLATFORM}"
-    assert env["FLAGCX_PATH"] == "/opt/flagcx"
+    assert env.get("FLAGCX_PATH") == (None if vendor == "cpu" else "/opt/flagcx")
     # the platform YAML is validated at build time with the real Settings loader
     assert 'SGLANG_FL_PLATFORM="${PLATFORM}" sglang-fl config' in " ".join(args_of(ins, "RUN"))
     assert args_of(ins, "ENTRYPOINT") == ['["sglang-fl-entrypoint"]']
@@ -108,14 +155,18 @@ def test_platform_yaml_flagcx_and_entrypoint(vendor):
     assert args_of(ins, "EXPOSE") == ["30000"]
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("vendor", PLATFORMS)
 def test_oci_labels(vendor):
     labels = " ".join(args_of(instructions(vendor), "LABEL"))
     for key in ("title", "description", "version", "revision", "licenses", "base.name"):
         assert f"org.opencontainers.image.{key}=" in labels
+    # BASE_IMAGE is declared before FROM: the stage must declare it again to use it
+    ins = instructions(vendor)
+    stage = ins[[w for w, _ in ins].index("FROM"):]
+    assert "BASE_IMAGE" in [rest.split("=")[0] for w, rest in stage if w == "ARG"]
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("vendor", PLATFORMS)
 def test_no_secrets(vendor):
     ins = instructions(vendor)
     names = list(arg_defaults(ins)) + list(env_values(ins))
@@ -124,9 +175,10 @@ def test_no_secrets(vendor):
     assert not re.search(r"(login|--password|Authorization:)", text)
 
 
-def test_user_is_non_root_on_cuda_and_explained_elsewhere():
-    users = args_of(instructions("cuda"), "USER")
-    assert users and users[-1].split(":")[0] not in ("0", "root")
+def test_user_is_non_root_on_cuda_and_cpu_and_explained_elsewhere():
+    for vendor in ("cuda", "cpu"):
+        users = args_of(instructions(vendor), "USER")
+        assert users and users[-1].split(":")[0] not in ("0", "root")
     for vendor in ("ascend", "musa"):
         assert not args_of(instructions(vendor), "USER")
         text = (ROOT / "docker" / vendor / "Dockerfile").read_text()
@@ -152,8 +204,10 @@ def test_dockerignore_keeps_what_the_build_needs_and_drops_the_rest():
     needed = ["pyproject.toml", "README.md", "docker/install_stack.py", "docker/entrypoint.sh",
               "docker/stacks/cuda.ini", "docker/stacks/common.txt", "sglang_fl/__init__.py",
               "sglang_fl/config/cuda.yaml", "sglang_fl/models/tiny.py",
-              "sglang_fl/smoke/checks.py", "requirements/sglang-0.5.11-cpu.txt"]
+              "sglang_fl/smoke/checks.py", "requirements/sglang-0.5.11-cpu.txt",
+              "docker/ca-certificates/README.md", "docker/stacks/cpu.ini"]
     assert [p for p in needed if _ignored(p, patterns)] == []
     dropped = [".git/config", ".venv/bin/python", ".env", ".env.local", "certs/server.key",
-               "sglang_fl/__pycache__/x.pyc", ".nox/tests/bin/python", "tests/unit/test_x.py"]
+               "sglang_fl/__pycache__/x.pyc", ".nox/tests/bin/python", "tests/unit/test_x.py",
+               "compose.yaml", "compose.cpu.yaml", "deploy/kubernetes/render.py"]
     assert [p for p in dropped if not _ignored(p, patterns)] == []

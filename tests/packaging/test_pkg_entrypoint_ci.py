@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import sys
 import threading
 import time
@@ -14,7 +15,8 @@ import yaml
 from pkg_helpers import ROOT, run, tool
 
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
-SESSIONS = {"tests", "lint", "demo", "smoke-cpu", "smoke-cuda", "smoke-ascend", "smoke-musa"}
+SESSIONS = {"tests", "lint", "demo", "smoke-cpu", "image-cpu", "compose-cpu", "smoke-cuda",
+            "smoke-ascend", "smoke-musa"}
 
 
 def entry(*args, tmp_path, fake_python=None, **env):
@@ -43,6 +45,25 @@ def test_launch_server_adds_container_defaults_only_when_missing(tmp_path, fake_
     r = entry("launch_server", "--model-path", "m", tmp_path=tmp_path, fake_python=fake_python,
               SGLANG_FL_PORT="30500", SGLANG_FL_HOST="::")
     assert (tmp_path / "argv").read_text().splitlines()[-4:] == ["--host", "::", "--port", "30500"]
+
+
+def test_extra_args_from_the_environment_are_appended(tmp_path, fake_python):
+    r = entry("launch_server", "--model-path", "m", "--port", "31000", tmp_path=tmp_path,
+              fake_python=fake_python, SGLANG_FL_EXTRA_ARGS=" --dtype  float32 --tp 2 ")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "argv").read_text().splitlines() == [
+        "-m", "sglang.launch_server", "--model-path", "m", "--port", "31000", "--dtype",
+        "float32", "--tp", "2", "--host", "0.0.0.0"]
+
+
+def test_launch_server_stops_on_a_failed_preflight(tmp_path):
+    """The real preflight (this interpreter) runs before SGLang: its exit status and message
+    are the container's; SGLang is never started."""
+    r = entry("launch_server", "--model-path", str(tmp_path / "absent"), tmp_path=tmp_path,
+              SGLANG_FL_PYTHON=sys.executable)
+    assert r.returncode == 2
+    assert f"model path {tmp_path / 'absent'} does not exist in this container" in r.stderr
+    assert not (tmp_path / "argv").exists()
 
 
 def test_smoke_and_passthrough_commands(tmp_path, fake_python):
@@ -106,7 +127,8 @@ def test_healthcheck_reads_the_recorded_port(tmp_path, health_server):
 
 
 def test_shell_scripts_pass_shellcheck():
-    scripts = [ENTRYPOINT, ROOT / "ci" / "cpu-pipeline.sh", ROOT / "ci" / "gpu-smoke.sh"]
+    scripts = [ENTRYPOINT, ROOT / "ci" / "cpu-pipeline.sh", ROOT / "ci" / "gpu-smoke.sh",
+               ROOT / ".ci" / "run"]
     r = run([tool("shellcheck"), *map(str, scripts)])
     assert r.returncode == 0, r.stdout + r.stderr
     for script in scripts:
@@ -115,9 +137,13 @@ def test_shell_scripts_pass_shellcheck():
 
 def test_ci_entry_points_call_existing_nox_sessions():
     cpu = (ROOT / "ci" / "cpu-pipeline.sh").read_text()
-    assert "python3 -m nox -s lint tests smoke-cpu" in cpu
+    assert "sessions=(lint tests smoke-cpu)" in cpu and "sessions+=(image-cpu compose-cpu)" in cpu
     gpu = (ROOT / "ci" / "gpu-smoke.sh").read_text()
     assert "python3 -m nox -s smoke-cuda" in gpu
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 -m nox -s tests" in ci
+    assert "python3 -m nox -s image-cpu compose-cpu" in ci
+    assert "python3 docker/host_engine.py check" in ci  # decides, and says why it skips
 
 
 def test_example_workflow_is_valid_and_uses_the_entry_points():
@@ -150,15 +176,20 @@ def test_nox_sessions_are_the_documented_ones():
         assert f"`{name}`" in deployment or f"nox -s {name}" in deployment
 
 
-def test_smoke_vendor_session_fails_fast_without_a_docker_engine(tmp_path):
+def test_smoke_vendor_session_fails_fast_without_its_devices(tmp_path):
+    """No engine: it says so; an engine but no MUSA GPU (this host): it says that. Either way
+    in seconds, before building anything."""
     pytest.importorskip("nox")
-    probe = run(["docker", "info"]) if os.path.exists("/var/run/docker.sock") else None
-    if probe is not None and probe.returncode == 0:
-        pytest.skip("a Docker engine is available here: the session would really build")
     start = time.monotonic()
     r = run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", "smoke-musa"],
             cwd=tmp_path)
     assert r.returncode != 0
     assert time.monotonic() - start < 60
     out = r.stdout + r.stderr
-    assert "smoke-musa runs inside the musa image and needs a Docker engine" in out
+    engine = run(["docker", "info"]) if shutil.which("docker") else None
+    if engine is not None and engine.returncode == 0:
+        assert "smoke-musa needs musa devices in the container, and this host has a Docker " \
+               "engine but no Moore Threads GPU (no /dev/mtgpu* device)" in out
+    else:
+        assert "smoke-musa runs inside the musa image and needs a Docker engine" in out
+    assert "docker build" not in out

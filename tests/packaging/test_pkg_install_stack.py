@@ -14,6 +14,9 @@ import venv
 import pytest
 from pkg_helpers import MAKE_FLAG, ROOT, VENDORS, run
 
+sys.path.insert(0, str(ROOT / "docker"))
+import host_engine  # noqa: E402 - docker/ is not a package
+
 SCRIPT = ROOT / "docker" / "install_stack.py"
 FLAGCX_TAG = "v0.13.0"
 
@@ -50,7 +53,8 @@ def test_vendor_plan_order_and_contents(vendor):
 
     clone, make, cleanup = commands(plan, "flagcx")
     assert clone[:2] == ["git", "clone"] and clone[clone.index("--branch") + 1] == FLAGCX_TAG
-    assert clone[-1] == "/opt/flagcx" and "--recurse-submodules" in clone
+    assert clone[-1] == "/opt/flagcx" and clone[-2] == "https://github.com/flagos-ai/FlagCX.git"
+    assert "--recurse-submodules" not in clone  # json from nlohmann-json3-dev; no googletest
     assert make[:3] == ["make", "-C", "/opt/flagcx"] and MAKE_FLAG[vendor] in make
     assert [f for f in MAKE_FLAG.values() if f in make] == [MAKE_FLAG[vendor]]
     assert cleanup[:2] == ["rm", "-rf"]
@@ -98,6 +102,43 @@ def test_cpu_plan_uses_the_tested_requirements_and_has_no_flagcx():
     (req,) = commands(plan, "requirements")
     assert str(ROOT / "requirements" / "sglang-0.5.11-cpu.txt") in req
     assert plan["flagcx"] is None
+    # PyPI's torch is the CUDA build: the CPU one comes first, from PyTorch's CPU index
+    (vendor,) = commands(plan, "vendor")
+    assert vendor[-3:] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu",
+                           "torch==2.13.0"]
+    assert plan["provided"] == ["torch"]
+
+
+def test_vendor_index_can_be_replaced_or_left_to_pip():
+    (vendor,) = commands(dry_run("cpu", "--vendor-index-url", "https://mirror.example/whl/cpu"),
+                         "vendor")
+    assert vendor[-3:] == ["--extra-index-url", "https://mirror.example/whl/cpu", "torch==2.13.0"]
+    (vendor,) = commands(dry_run("cpu", "--vendor-index-url", ""), "vendor")
+    assert "--extra-index-url" not in vendor and vendor[-1] == "torch==2.13.0"
+
+
+@pytest.mark.parametrize("platform", ["cpu", *VENDORS])
+def test_phases_split_the_plan_for_a_cached_image_build(platform):
+    """deps: everything slow and rarely changing; plugin: freeze again, plugin, verify. Their
+    union is the whole plan, and the plugin phase installs no vendor package again."""
+    full = [s["name"] for s in dry_run(platform)["steps"]]
+    deps = dry_run(platform, "--phase", "deps")
+    plugin = dry_run(platform, "--phase", "plugin")
+    assert deps["phase"] == "deps" and plugin["phase"] == "plugin"
+    deps_names = [s["name"] for s in deps["steps"]]
+    plugin_names = [s["name"] for s in plugin["steps"]]
+    assert "plugin" not in deps_names and "verify" not in deps_names
+    assert plugin_names == ["python", "vendor", "plugin", "verify"]
+    assert set(deps_names) | set(plugin_names) == set(full)
+    assert commands(plugin, "vendor") == []
+    assert ("flagcx" in deps_names) == (platform != "cpu")
+
+
+def test_flagcx_from_a_mirror():
+    plan = dry_run("musa", "--flagcx-repo", "http://127.0.0.1:8000/flagcx.git")
+    clone = commands(plan, "flagcx")[0]
+    assert clone[-2:] == ["http://127.0.0.1:8000/flagcx.git", "/opt/flagcx"]
+    assert clone[clone.index("--branch") + 1] == FLAGCX_TAG
 
 
 def test_skip_flagcx_and_pip_args():
@@ -175,7 +216,9 @@ def test_cpu_install_in_a_fresh_venv_then_serve(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = str(env_dir / "bin" / "python")
-    result = run([sys.executable, str(SCRIPT), "--platform", "cpu", "--python", python],
+    # where this host's own wheel folder has the CPU torch, PyTorch's index is not asked
+    local = ["--vendor-index-url", ""] if host_engine.vendor_wheels_are_local("cpu") else []
+    result = run([sys.executable, str(SCRIPT), "--platform", "cpu", "--python", python, *local],
                  timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "ok: torch 2.13.0" in result.stdout

@@ -1,11 +1,12 @@
-"""The compose ``pair`` layout for real, without Docker: both rendered node commands run
-through the image entrypoint on this host (CPU, tiny model), node 0 answers /generate, node 1
-answers /health, and the TP=2 collectives cross the two "nodes" through sglang-fl's Layer 3.
+"""The compose ``pair`` layout without Docker: both rendered node commands (compose.yaml +
+compose.cpu.yaml, Compose v2) run through the image entrypoint on this host (CPU, tiny model),
+node 0 answers /generate, node 1 answers /health, and the TP=2 collectives cross the two
+"nodes" through sglang-fl's Layer 3. `nox -s compose-cpu` runs the same layout in containers.
 
-Deviations from a container run, each forced by the host: the model path's ``/models`` prefix is
-mapped to a temp dir (the volume), the ports are free ones (host networking on a shared CI
-host), Layer 3 uses gloo (no FlagCX CPU adaptor), and SGLang's CPU worker needs a core per rank
-(``SGLANG_CPU_OMP_THREADS_BIND``)."""
+Deviations from a container run, each forced by running both nodes in one network namespace:
+the model path's ``/models`` prefix is mapped to a temp dir (the volume), the leader's address
+``node0`` (its name on the pair's network) is 127.0.0.1, each node gets its own free port
+instead of 30000 in its own container, and the collectives use ``lo`` instead of ``eth0``."""
 
 from __future__ import annotations
 
@@ -39,21 +40,25 @@ def test_pair_layout_serves_with_tp2_across_two_nodes(tmp_path):
     from sglang_fl.serving import free_port
 
     model = make_tiny_model(tmp_path / "models" / "model")
-    ports = {"PORT": str(free_port()), "PAIR_PORT1": str(free_port()),
-             "MASTER_PORT": str(free_port())}
-    services = render("cuda", ports)  # the layout is vendor-independent; cuda is the default
+    master = str(free_port())
+    services = render("cpu", {"MASTER_PORT": master})
+    ports = {"node0": free_port(), "node1": free_port()}
     procs, logs, envs = [], [], []
     try:
         for name in ("node0", "node1"):
             svc = services[name]
-            command = [str(model) if arg == "/models/model" else arg for arg in svc["command"]]
+            assert svc["environment"]["SGLANG_FL_DIST_BACKEND"] == "gloo"
+            host_side = {"/models/model": str(model), f"node0:{master}": f"127.0.0.1:{master}",
+                         "30000": str(ports[name])}
+            command = [host_side.get(arg, arg) for arg in svc["command"]]
             env = {**os.environ, **{k: str(v) for k, v in svc["environment"].items()},
                    "SGLANG_FL_PYTHON": sys.executable,
                    "SGLANG_FL_PORT_FILE": str(tmp_path / f"{name}.port"),
-                   "SGLANG_FL_DIST_BACKEND": "gloo",
+                   "SGLANG_FL_PORT": str(ports[name]),
                    "SGLANG_FL_PLATFORM": "cpu",
-                   "SGLANG_USE_CPU_ENGINE": "1",
-                   "SGLANG_CPU_OMP_THREADS_BIND": "0|1" if (os.cpu_count() or 1) > 1 else "0|0"}
+                   "GLOO_SOCKET_IFNAME": "lo"}
+            if (os.cpu_count() or 1) < 2:
+                env["SGLANG_CPU_OMP_THREADS_BIND"] = "0|0"
             log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed in finally
             logs.append(log)
             envs.append(env)
@@ -67,7 +72,7 @@ def test_pair_layout_serves_with_tp2_across_two_nodes(tmp_path):
             time.sleep(3)
 
         req = urllib.request.Request(
-            f"http://127.0.0.1:{ports['PORT']}/generate",
+            f"http://127.0.0.1:{ports['node0']}/generate",
             data=json.dumps({"text": "Hello", "sampling_params": {
                 "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}).encode(),
             headers={"Content-Type": "application/json"})

@@ -1,0 +1,153 @@
+"""Checks the image entrypoint makes before it starts ``sglang.launch_server``.
+
+A container that is given a bad model path, a bad ``SGLANG_FL_*`` value or a leader it cannot
+reach should stop within seconds with one message saying what to fix, never sit in a retry loop
+(SGLang would try to download a missing local path from the Hub; a worker node waits up to its
+distributed timeout, 30 minutes by default, for a leader that is not there).
+
+    python -m sglang_fl.preflight [--leader-timeout S] -- LAUNCH_SERVER_ARGS...
+
+Exit status: 0 fine, 2 bad configuration or model path, 3 the leader cannot be reached.
+Standard library plus sglang_fl's settings only: no torch, no SGLang import (it runs in ~0.1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+import time
+
+#: A Hugging Face Hub id (``org/name``), which SGLang downloads when it is not a local path.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class PreflightError(RuntimeError):
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+def _server_options(argv: list[str]) -> argparse.Namespace:
+    """The few launch_server options the checks need (spellings as in SGLang 0.5.11)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--model-path", "--model", dest="model_path")
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    ns, _ = parser.parse_known_args(argv)
+    return ns
+
+
+def check_settings() -> str:
+    """Every SGLANG_FL_* value and YAML key, validated by the plugin's own loader."""
+    from sglang_fl.config import SettingsError, get_settings
+
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        raise PreflightError(f"invalid sglang-fl configuration: {exc}") from None
+    return f"platform {settings.platform}"
+
+
+def check_model_path(model_path: str | None) -> str:
+    if not model_path:
+        raise PreflightError("launch_server needs --model-path (a directory mounted into the "
+                             "container, e.g. -v /data/models:/models:ro --model-path /models/NAME)")
+    if os.path.exists(model_path):
+        if os.path.isdir(model_path) and not os.path.isfile(os.path.join(model_path, "config.json")):
+            raise PreflightError(f"model path {model_path} is a directory without config.json: "
+                                 "point --model-path at the model's own folder")
+        unreadable = _unreadable(model_path)
+        if unreadable:
+            # SGLang would report such a file as "No such file or directory".
+            raise PreflightError(
+                f"{len(unreadable)} file(s) of {model_path} cannot be read by uid {os.getuid()}, "
+                f"e.g. {unreadable[0]}: make the model readable to all (chmod -R a+rX on the "
+                "host) or run the container with a --user that owns it")
+        return f"model {model_path}"
+    if HUB_ID.match(model_path) and not model_path.startswith((".", "~")):
+        return f"model {model_path} (not a local path: SGLang fetches it from the Hugging Face Hub)"
+    parent = os.path.dirname(model_path.rstrip("/")) or "."
+    seen = ""
+    if os.path.isdir(parent):
+        names = sorted(os.listdir(parent))[:10]
+        seen = f"; {parent} holds: {', '.join(names) or 'nothing'}"
+    raise PreflightError(f"model path {model_path} does not exist in this container{seen}. "
+                         "Mount the model directory (docker run -v HOST_DIR:/models:ro, compose "
+                         "MODEL_DIR) and pass --model-path /models/<name>")
+
+
+def _unreadable(path: str) -> list[str]:
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(path, name) for name in sorted(os.listdir(path))
+        if os.path.isfile(os.path.join(path, name))]
+    return [f for f in files if not os.access(f, os.R_OK)]
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    m = re.match(r"^\[(?P<h6>[^]]+)\]:(?P<p6>\d+)$|^(?P<h>[^:]+):(?P<p>\d+)$", addr)
+    if not m:
+        raise PreflightError(f"--dist-init-addr {addr!r} is not HOST:PORT")
+    return (m["h6"] or m["h"]), int(m["p6"] or m["p"])
+
+
+def wait_for_leader(addr: str, rank: int, timeout: float, log=print) -> str:
+    """Block until the leader's --dist-init-addr accepts a TCP connection, or fail after
+    ``timeout`` seconds naming the address and the last error."""
+    host, port = split_host_port(addr)
+    start = time.monotonic()
+    last_note = start
+    error = "no attempt"
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                pass
+            return f"leader {host}:{port} reachable after {time.monotonic() - start:.0f} s"
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if now - start >= timeout:
+            raise PreflightError(
+                f"node {rank} cannot reach the leader (node 0) at {host}:{port} after "
+                f"{timeout:.0f} s ({error}). Check --dist-init-addr / MASTER_ADDR, that node 0 "
+                "is running, and the network between the nodes", status=3)
+        if now - last_note >= 30:
+            log(f"sglang-fl preflight: node {rank} waiting for the leader at {host}:{port} "
+                f"({now - start:.0f} s of {timeout:.0f} s; {error})")
+            last_note = now
+        time.sleep(1)
+
+
+def run_checks(argv: list[str], leader_timeout: float, log=print) -> list[str]:
+    opts = _server_options(argv)
+    notes = [check_settings(), check_model_path(opts.model_path)]
+    if opts.nnodes > 1 and opts.node_rank > 0:
+        if not opts.dist_init_addr:
+            raise PreflightError(f"node {opts.node_rank} of {opts.nnodes} needs --dist-init-addr "
+                                 "(the leader's HOST:PORT)")
+        notes.append(wait_for_leader(opts.dist_init_addr, opts.node_rank, leader_timeout, log))
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_fl.preflight", description=__doc__)
+    ap.add_argument("--leader-timeout", type=float, default=600.0,
+                    help="seconds a node of rank > 0 waits for the leader (default 600)")
+    ap.add_argument("server_args", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    server_args = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
+    try:
+        notes = run_checks(server_args, args.leader_timeout,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    except PreflightError as exc:
+        print(f"sglang-fl preflight: error: {exc}", file=sys.stderr, flush=True)
+        return exc.status
+    print("sglang-fl preflight: ok: " + "; ".join(notes), file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
