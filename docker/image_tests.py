@@ -49,10 +49,23 @@ def _docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
     return result
 
 
+# SGLang derives more ports from --port (its gRPC port is port + 10000 and must stay <= 65535),
+# so the OS's ephemeral range (up to 60999) is not safe: pick below it (as sglang_fl.serving).
+PORT_RANGE = (20000, 50000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    import random
+
+    for _ in range(200):
+        port = random.randrange(*PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {PORT_RANGE} on 127.0.0.1")
 
 
 def split_posargs(posargs: list[str]) -> dict[str, str]:
