@@ -249,8 +249,16 @@ def activate() -> None:
         return
     state.active = True
     from sglang_fl.compat import fixes
+    from sglang_fl.sglang_glue.adapters import UnsupportedSGLangVersion, get_adapter
 
-    fixes.install()  # SGLang bug fixes: every install, stand-ins or not
+    try:
+        get_adapter()
+        supported = True
+    except UnsupportedSGLangVersion as exc:  # load_plugin stops start-up with this message
+        _logger().error("%s; no SGLang fixes or native swaps applied", exc)
+        supported = False
+    if supported:
+        fixes.install()  # SGLang bug fixes: every install, stand-ins or not
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
@@ -259,7 +267,7 @@ def activate() -> None:
         missing.append("torchvision")
     if not missing:
         return
-    if "tvm_ffi" in missing:
+    if "tvm_ffi" in missing and supported:
         from sglang_fl.compat import swaps
 
         swaps.install()

@@ -1,7 +1,8 @@
 """Server defaults that let an "empty" SGLang start on each platform, applied only to options
 the user left at SGLang's default.
 
-``remember_user_choices`` runs (as a BEFORE hook) when ``ServerArgs.__post_init__`` starts, i.e.
+``remember_user_choices`` runs (as a BEFORE hook on the adapter's ``SERVER_ARGS_POST_INIT``) when
+``ServerArgs.__post_init__`` starts, i.e.
 before SGLang fills its own device defaults, and records which options differ from the dataclass
 defaults; ``apply_defaults`` (called from PlatformFL.apply_server_args_defaults) then changes only
 the others and logs each change.
@@ -18,7 +19,6 @@ from sglang_fl.logging_setup import get_logger
 logger = get_logger("platform")
 
 USER_CHOICES_ATTR = "_sglang_fl_user_choices"
-POST_INIT_TARGET = "sglang.srt.server_args.ServerArgs.__post_init__"
 CPU_MAX_TOTAL_TOKENS = 8192
 
 
