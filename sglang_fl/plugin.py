@@ -50,8 +50,9 @@ def install() -> None:
     from sglang_fl.aten import enable_layer1
     from sglang_fl.sglang_glue import server_defaults
 
-    adapter.register_hook(adapter.SERVER_ARGS_POST_INIT, server_defaults.remember_user_choices,
-                          "before")
+    if adapter.SERVER_ARGS_POST_INIT:
+        adapter.register_hook(adapter.SERVER_ARGS_POST_INIT, server_defaults.remember_user_choices,
+                              "before")
     enable_layer1(settings)
 
     if settings.oot_enabled:

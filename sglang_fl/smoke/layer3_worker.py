@@ -44,7 +44,7 @@ def main() -> None:
     ps.init_distributed_environment(
         world_size=ws, rank=rank, local_rank=rank, backend=dist_backend_string(settings),
         distributed_init_method=f"tcp://127.0.0.1:{args.port}", timeout=120)
-    ps.initialize_model_parallel(tensor_model_parallel_size=ws)
+    adapter.initialize_model_parallel(tp_size=ws, rank=rank)
     group = ps.get_tp_group()
     comm = getattr(group, "fl_communicator", None)
     if comm is None:

@@ -8,6 +8,7 @@ what differs; everything here holds for SGLang 0.5.11 and 0.5.23 alike.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ class NativeSwap:
     replacement: Any = None  # a callable used instead of a twin
 
 
+#: Where `SGLangAdapter.remember_user_choices` keeps the options the user set.
+USER_CHOICES_ATTR = "_sglang_fl_user_choices"
+
+
 def _jit_store_cache_unavailable(*row_bytes: int) -> bool:
     """memory_pool asks ``can_use_store_cache`` before its JIT KV-store kernel, which compiles
     through apache-tvm-ffi; without it the answer is no, and SGLang takes its own index-put path
@@ -52,8 +57,9 @@ class SGLangAdapter:
     # -- hook targets (SGLang's HookRegistry) --------------------------------------------------
     #: The method whose result becomes a fused-op layer's ``_forward_method`` (Layer 2).
     DISPATCH_HOOK_TARGET: str = ""
-    #: Server-args dataclass init: a BEFORE hook records which options the user set.
-    SERVER_ARGS_POST_INIT = "sglang.srt.server_args.ServerArgs.__post_init__"
+    #: Server-args dataclass init: a BEFORE hook records which options the user set (None: the
+    #: version keeps the user's input itself, see `user_choices`).
+    SERVER_ARGS_POST_INIT: str | None = "sglang.srt.server_args.ServerArgs.__post_init__"
     #: Layer 3: the collectives of this class are delegated to CommunicatorFL.
     GROUP_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 
@@ -131,10 +137,38 @@ class SGLangAdapter:
         return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name)
                      for spec in ops for name in spec.serves)
 
+    def sglang_forward_choice(self, layer):
+        """The forward SGLang itself picks for ``layer``, bypassing sglang-fl's hook (tests and
+        diagnostics compare against it)."""
+        return self.resolve(self.DISPATCH_HOOK_TARGET).__wrapped__(layer)
+
     def kernel(self, name: str):
         return self.resolve(self.KERNELS[name])
 
+    # -- server defaults -------------------------------------------------------------------------
+    #: The server option (and value) that turns the prefill CUDA graph off.
+    PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+
+    def remember_user_choices(self, server_args) -> None:
+        """At ``ServerArgs`` construction: which options differ from their dataclass default."""
+        chosen = set()
+        for f in dataclasses.fields(server_args):
+            if (f.default is not dataclasses.MISSING
+                    and getattr(server_args, f.name, f.default) != f.default):
+                chosen.add(f.name)
+        object.__setattr__(server_args, USER_CHOICES_ATTR, frozenset(chosen))
+
+    def user_choices(self, server_args) -> frozenset[str] | None:
+        """The options the user set (None: unknown, e.g. a ServerArgs built before the hook)."""
+        return getattr(server_args, USER_CHOICES_ATTR, None)
+
     # -- Layer 3 --------------------------------------------------------------------------------
+    def initialize_model_parallel(self, tp_size: int = 1, pp_size: int = 1, rank: int = 0) -> None:
+        """SGLang's model-parallel groups for ``tp_size`` x ``pp_size`` ranks, after
+        ``init_distributed_environment`` (smoke, tests)."""
+        self.module("parallel_state").initialize_model_parallel(
+            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
+
     def tensor_dict_parts(self):
         """``(split_tensor_dict, TensorMetadata, P2PWork)`` of SGLang's parallel_state: how a
         tensor dict is split into metadata + tensors, and the async-send handle it returns."""

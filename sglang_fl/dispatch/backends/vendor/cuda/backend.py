@@ -19,6 +19,7 @@ import weakref
 from sglang_fl.dispatch.backends import Backend, real_module_available
 from sglang_fl.dispatch.backends.reference import select_experts
 
+
 def _sglang_kernel(name: str):
     from sglang_fl.sglang_glue.adapters import get_adapter
 
