@@ -8,7 +8,8 @@ Sessions:
   tests         pytest over tests/ on the CPU stack (SGLang 0.5.11, the default version)
   tests-sglang-0.5.23
                 the same CPU stack with SGLang 0.5.23: unit, integration, distributed (TP=2
-                served included) and the core served e2e tests; what does not depend on the
+                served included) and the served e2e tests of the dense and the MoE model; what
+                does not depend on the
                 SGLang version (packaging, server variants) runs once, in `tests`
   lint          ruff, hadolint (Dockerfiles), shellcheck, compose-spec / workflow schemas
   demo          serve the embedded tiny model and print one chat reply
@@ -74,11 +75,11 @@ DEVICE_ARGS = {
 
 # What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
 # GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
-# ids equal HF and the [OOT-DISPATCH] lines; the rest of tests/e2e (server variants, lifecycle,
-# near ties, MoE, demo) and tests/packaging do not change with the SGLang version and run in
+# ids equal HF and the [OOT-DISPATCH] lines (dense and MoE); the rest of tests/e2e (server
+# variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
-                       "tests/e2e/test_server.py")
+                       "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:
