@@ -308,16 +308,6 @@ def _mrope_inputs(case, tokens, dtype, seed, max_pos=8000):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tokens", [1, 9, 512])
-def _patch_sglang_kernel(monkeypatch, name, double):
-    """Replace SGLang's kernel ``name`` where this SGLang version keeps it (the adapter's KERNELS)."""
-    import importlib
-
-    from sglang_fl.sglang_glue.adapters import get_adapter
-
-    module, attr = get_adapter().KERNELS[name].split(":")
-    monkeypatch.setattr(importlib.import_module(module), attr, double)
-
-
 @pytest.mark.parametrize("case", MROPE_CASES, ids=lambda c: f"hd{c[0]}-{c[2]}-{'il' if c[3] else 'ch'}")
 def test_mrotary_embedding_matches_forward_native_bit_for_bit(sglang_with_plugin, case, tokens, dtype):
     rope = _mrope(case, dtype)
@@ -331,16 +321,6 @@ def test_mrotary_embedding_matches_forward_native_bit_for_bit(sglang_with_plugin
     got = rope.forward(positions, q, k)
     assert got[0].data_ptr() == q.data_ptr()
     _same((q, k), rope.forward_native(positions, qv, kv), "in place")
-
-
-def _patch_sglang_kernel(monkeypatch, name, double):
-    """Replace SGLang's kernel ``name`` where this SGLang version keeps it (the adapter's KERNELS)."""
-    import importlib
-
-    from sglang_fl.sglang_glue.adapters import get_adapter
-
-    module, attr = get_adapter().KERNELS[name].split(":")
-    monkeypatch.setattr(importlib.import_module(module), attr, double)
 
 
 @pytest.mark.parametrize("case", MROPE_CASES, ids=lambda c: f"hd{c[0]}-{c[2]}-{'il' if c[3] else 'ch'}")
