@@ -70,9 +70,18 @@ CONFIGS = {
     "fl-defaults": {},
 }
 
+def _prefill_graph_off() -> list[str]:
+    """The prefill (piecewise) CUDA graph off, spelled as the installed SGLang spells it."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    option, value = get_adapter().PREFILL_GRAPH_OFF
+    flag = "--" + option.replace("_", "-")
+    return [flag] if value is True else [flag, str(value)]
+
+
 SERVER_ARGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch",
-    "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
+    *_prefill_graph_off(), "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
     "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
     "--skip-server-warmup", "--sleep-on-idle",
     # Several servers share the GPU: SGLang sizes its KV cache from the free memory it sees
