@@ -30,7 +30,9 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
 6. ``swap:clamp_position`` / ``swap:_resolve_future_token_ids`` -- forward_batch_info.py and
    overlap_utils.py bind the JIT CUDA kernel under ``is_cuda()``; no plugin API reaches them.
    How: rebind to SGLang's own ``*_native`` twin after the module runs (`swaps`). Upstream:
-   none. Remove when SGLang falls back when the JIT path is unavailable.
+   none. Remove when SGLang falls back when the JIT path is unavailable. Which globals is the
+   SGLang version adapter's ``NATIVE_SWAPS``: 0.5.23 made ``clamp_position`` a fused op (swapped
+   to its ``forward_native``) and no longer calls a JIT kernel in overlap_utils.
 7. ``sgl_kernel-off-flashinfer`` -- a real sgl_kernel hands rmsnorm/fused_add_rmsnorm and
    top-k/top-p renorm to flashinfer whenever ``import flashinfer.norm`` succeeded at its import,
    which the flashinfer stand-in makes true. How: after ``sgl_kernel.elementwise`` /
