@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"install_stack: error: {exc}", file=sys.stderr)
         return 2
     done = "installed" if args.phase == "all" else f"phase {args.phase} installed"
-    print(f"install_stack: {stack.platform} stack (SGLang {stack.sglang}) {done}", flush=True)
+    print(f"install_stack: {stack.platform} stack {done} (SGLang {stack.sglang})", flush=True)
     return 0
 
 

@@ -3,7 +3,7 @@ native swaps rebind SGLang's own twins, and the ledger covers every patch."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import inspect
 import os
 import subprocess
@@ -202,6 +202,14 @@ _PROBE = textwrap.dedent(
 )
 
 
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def _probe(env_overrides):
     import json
     import os
@@ -223,7 +231,7 @@ def test_pth_hook_activates_in_a_fresh_interpreter_and_keeps_user_values():
     assert got["watcher"] is True, "sglang_fl_compat.pth did not run: reinstall with pip install -e ."
     assert got["sgl_kernel"] is True and got["flashinfer"] is True
     # SGLang 0.5.23's stack installs apache-tvm-ffi (xgrammar imports it): no stand-in then.
-    assert got["tvm_ffi"] is (importlib.util.find_spec("tvm_ffi") is None)
+    assert got["tvm_ffi"] is not _installed("apache-tvm-ffi")
     assert got["torchvision"] is True
     assert got["moe_fused_gate"] is True
     assert got["env"] == {"SGLANG_IS_FLASHINFER_AVAILABLE": "true",  # the user's value wins
