@@ -5,7 +5,12 @@ the tested CPU stack (SGLang 0.5.11 in empty mode, torch 2.13.0 CPU), installed 
 script the images use (``docker/install_stack.py --platform cpu``), then the whole suite.
 
 Sessions:
-  tests         pytest over tests/ on the CPU stack
+  tests         pytest over tests/ on the CPU stack (SGLang 0.5.11, the default version)
+  tests-sglang-0.5.23
+                the same CPU stack with SGLang 0.5.23: unit, integration, distributed (TP=2
+                served included) and the served e2e tests of the dense and the MoE model; what
+                does not depend on the
+                SGLang version (packaging, server variants) runs once, in `tests`
   lint          ruff, hadolint (Dockerfiles), shellcheck, compose-spec / workflow schemas
   demo          serve the embedded tiny model and print one chat reply
   smoke-cpu     the layer-isolated smoke suite on this host (Layer 1, 2, 3, all)
@@ -68,11 +73,22 @@ DEVICE_ARGS = {
 }
 
 
-def install_cpu_stack(session: nox.Session) -> None:
+# What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
+# GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
+# ids equal HF and the [OOT-DISPATCH] lines (dense and MoE); the rest of tests/e2e (server
+# variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
+# `tests` only, which keeps .ci/run under its time budget.
+SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
+                       "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py")
+
+
+def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:
     """The CPU stack through the images' install script, so CI exercises it on every run.
-    Where this host's own wheel folder holds the CPU torch, PyTorch's index is left out."""
+    Where this host's own wheel folder holds the CPU torch, PyTorch's index is left out.
+    ``sglang``: one of the stack's SGLang versions (docker/stacks/cpu.ini), else its default."""
     local = ["--vendor-index-url", ""] if host_engine.vendor_wheels_are_local("cpu") else []
-    session.run("python", "docker/install_stack.py", "--platform", "cpu", *local)
+    version = ["--sglang", sglang] if sglang else []
+    session.run("python", "docker/install_stack.py", "--platform", "cpu", *version, *local)
     session.install(*TEST_TOOLS)
 
 
@@ -83,6 +99,13 @@ def tests(session: nox.Session) -> None:
     session.install(*STATIC_TOOLS)  # tests/packaging runs the real linters too
     session.run("python", "-m", "pytest", "tests", *session.posargs,
                 env={"SGLANG_FL_TEST_REQUIRE_TOOLS": "1"})
+
+
+@nox.session(name="tests-sglang-0.5.23", python=PYTHON)
+def tests_sglang_0_5_23(session: nox.Session) -> None:
+    """pytest on the CPU stack with SGLang 0.5.23 (SGLANG_0_5_23_TESTS; posargs replace it)."""
+    install_cpu_stack(session, sglang="0.5.23")
+    session.run("python", "-m", "pytest", *(session.posargs or SGLANG_0_5_23_TESTS))
 
 
 @nox.session(python=PYTHON)

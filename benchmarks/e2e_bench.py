@@ -70,9 +70,18 @@ CONFIGS = {
     "fl-defaults": {},
 }
 
+def _prefill_graph_off() -> list[str]:
+    """The prefill (piecewise) CUDA graph off, spelled as the installed SGLang spells it."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    option, value = get_adapter().PREFILL_GRAPH_OFF
+    flag = "--" + option.replace("_", "-")
+    return [flag] if value is True else [flag, str(value)]
+
+
 SERVER_ARGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch",
-    "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
+    "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
     "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
     "--skip-server-warmup", "--sleep-on-idle",
     # Several servers share the GPU: SGLang sizes its KV cache from the free memory it sees
@@ -223,6 +232,8 @@ def main(argv=None):
     args.log_dir.mkdir(parents=True, exist_ok=True)
     if args.server_args is not None:
         SERVER_ARGS[:] = shlex.split(args.server_args)
+    else:
+        SERVER_ARGS[4:4] = _prefill_graph_off()  # after the attention/sampling backends
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
 
     t0 = time.time()

@@ -41,6 +41,11 @@ stage_install() {
   log "install: ${#wheels[@]} wheels from $BUNDLE + this checkout"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "${wheels[@]}" || return 1
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || return 1
+  if ! ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1; then
+    # A bundle without SGLang's kernels (ci/gpu-bundle --sglang 0.5.23): empty mode with
+    # FlagGems; a sglang-kernel left by an earlier install would not match this SGLang.
+    "$PY" -m pip uninstall -q -y sglang-kernel 2>/dev/null || true
+  fi
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     mkdir -p "$TVM_FFI_CACHE_DIR" && tar -xzf "$JIT_CACHE_TGZ" -C "$TVM_FFI_CACHE_DIR"
     log "restored JIT cache from $JIT_CACHE_TGZ"
@@ -48,8 +53,13 @@ stage_install() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   "$PY" - <<'EOF'
 import importlib.metadata as md, torch
-print({p: md.version(p) for p in ("torch", "triton", "sglang", "flag_gems", "sglang-kernel",
-                                  "apache-tvm-ffi", "transformers", "sglang_fl")})
+def version(p):
+    try:
+        return md.version(p)
+    except md.PackageNotFoundError:
+        return None
+print({p: version(p) for p in ("torch", "triton", "sglang", "flag_gems", "sglang-kernel",
+                               "apache-tvm-ffi", "xgrammar", "transformers", "sglang_fl")})
 print("cuda", torch.version.cuda, torch.cuda.get_device_name())
 import sglang_fl.compat as c; c.activate()
 import sgl_kernel, sgl_kernel.elementwise as e

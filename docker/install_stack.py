@@ -17,6 +17,10 @@ differs per platform is data, in ``docker/stacks/<platform>.ini``; this file onl
                  distribution's package) and built with the vendor's make flag
 7. verify        distributions present, vendor packages unchanged, safe imports succeed
 
+``--sglang VERSION`` picks one of the SGLang versions a stack supports (``[stack] sglang``, the
+first is the default); a ``[sglang VERSION]`` section replaces the ``[python]`` keys it names
+(``requirements``, ``no_deps``, ``python``) for that version. Images pass it from their
+``SGLANG_VERSION`` build argument.
 ``--dry-run`` resolves and prints the plan without running anything (``--json`` for machines).
 ``--phase deps`` runs steps 1-4 and 6, ``--phase plugin`` steps 1-2 (freeze only), 5 and 7: an
 image installs the slow, rarely changing part in one layer before it copies the source tree, so
@@ -44,12 +48,15 @@ DEFAULT_FLAGCX_DIR = "/opt/flagcx"
 
 # Every key a stack file may hold, per section; anything else is a typo and fails loudly.
 _SCHEMA = {
-    "stack": {"description", "python"},
+    "stack": {"description", "python", "sglang"},
     "vendor": {"install", "index_url", "provided"},
     "python": {"requirements", "no_deps", "verify_dists", "verify_imports"},
     "flagcx": {"repo", "tag", "make", "env"},
 }
 _REQUIRED = {"stack": {"python"}, "python": {"no_deps"}}
+#: Keys a ``[sglang VERSION]`` section may replace.
+_PER_SGLANG = {"requirements", "no_deps", "python"}
+_SGLANG_SECTION = re.compile(r"^sglang (\d+\.\d+\.\d+)$")
 _PLACEHOLDER = re.compile(r"\{pkgdir:([A-Za-z0-9_.]+)\}")
 _TAG = re.compile(r"^v\d+\.\d+\.\d+([.-][A-Za-z0-9.]+)?$")
 
@@ -65,6 +72,8 @@ def available_platforms() -> list[str]:
 @dataclass
 class Stack:
     platform: str
+    sglang: str
+    sglang_versions: tuple[str, ...]
     description: str
     python_versions: tuple[str, ...]
     vendor_install: tuple[str, ...]
@@ -80,7 +89,7 @@ class Stack:
     flagcx_env: dict[str, str] = field(default_factory=dict)
 
 
-def load_stack(platform: str, project: Path = PROJECT_ROOT) -> Stack:
+def load_stack(platform: str, project: Path = PROJECT_ROOT, sglang: str | None = None) -> Stack:
     path = STACKS_DIR / f"{platform}.ini"
     if not path.is_file():
         raise StackError(
@@ -89,6 +98,12 @@ def load_stack(platform: str, project: Path = PROJECT_ROOT) -> Stack:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(path, encoding="utf-8")
     for section in parser.sections():
+        if _SGLANG_SECTION.match(section):
+            unknown = set(parser[section]) - _PER_SGLANG
+            if unknown:
+                raise StackError(f"{path}: unknown key(s) {sorted(unknown)} in [{section}]; "
+                                 f"accepted: {sorted(_PER_SGLANG)}")
+            continue
         if section not in _SCHEMA:
             raise StackError(f"{path}: unknown section [{section}]; accepted: {sorted(_SCHEMA)}")
         unknown = set(parser[section]) - _SCHEMA[section]
@@ -102,7 +117,20 @@ def load_stack(platform: str, project: Path = PROJECT_ROOT) -> Stack:
             if not parser.get(section, key, fallback="").strip():
                 raise StackError(f"{path}: [{section}] {key} is required")
 
+    pinned = [w.split("==", 1)[1] for w in parser.get("python", "no_deps", fallback="").split()
+              if w.startswith("sglang==")]
+    versions = tuple(parser.get("stack", "sglang", fallback="").split()) or tuple(pinned[:1])
+    chosen = sglang or (versions[0] if versions else None)
+    if sglang is not None and sglang not in versions:
+        raise StackError(f"the {platform} stack supports SGLang {', '.join(versions) or '(none)'}, "
+                         f"not {sglang} ({path}: [stack] sglang)")
+    override = f"sglang {chosen}"
+    if chosen != (versions[0] if versions else None) and not parser.has_section(override):
+        raise StackError(f"{path}: [stack] sglang lists {chosen} but there is no [{override}]")
+
     def words(section: str, key: str) -> tuple[str, ...]:
+        if section in ("python", "stack") and key in _PER_SGLANG and parser.has_option(override, key):
+            section = override
         return tuple(parser.get(section, key, fallback="").split())
 
     requirements = []
@@ -117,6 +145,8 @@ def load_stack(platform: str, project: Path = PROJECT_ROOT) -> Stack:
 
     stack = Stack(
         platform=platform,
+        sglang=chosen or "",
+        sglang_versions=versions,
         description=parser.get("stack", "description", fallback="").strip(),
         python_versions=words("stack", "python"),
         vendor_install=words("vendor", "install"),
@@ -290,7 +320,8 @@ def _resolve_placeholders(word: str, opts: Options, dry_run: bool = True) -> str
 
 
 def format_plan(stack: Stack, steps: list[Step], opts: Options) -> str:
-    lines = [f"sglang-fl install plan: platform={stack.platform}", f"  {stack.description}",
+    lines = [f"sglang-fl install plan: platform={stack.platform} sglang={stack.sglang}",
+             f"  {stack.description}",
              f"  python: {opts.python}", f"  project: {opts.project}"]
     for i, step in enumerate(steps, 1):
         lines.append(f"[{i}] {step.name}: {step.why}")
@@ -304,6 +335,7 @@ def format_plan(stack: Stack, steps: list[Step], opts: Options) -> str:
 def plan_as_dict(stack: Stack, steps: list[Step], opts: Options) -> dict:
     return {
         "platform": stack.platform,
+        "sglang": stack.sglang,
         "phase": opts.phase,
         "python": opts.python,
         "python_versions": list(stack.python_versions),
@@ -399,6 +431,8 @@ def _verify(stack: Stack, opts: Options, frozen: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", required=True, help="one of: " + ", ".join(available_platforms()))
+    ap.add_argument("--sglang", metavar="VERSION", default=None,
+                    help="SGLang version of the stack (default: the stack's first [stack] sglang)")
     ap.add_argument("--python", default=sys.executable, help="target interpreter (default: this one)")
     ap.add_argument("--project", default=str(PROJECT_ROOT), help="sglang-fl source directory")
     ap.add_argument("--flagcx-dir", default=DEFAULT_FLAGCX_DIR,
@@ -422,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         project = Path(args.project).resolve()
         if not (project / "pyproject.toml").is_file():
             raise StackError(f"--project {project} has no pyproject.toml")
-        stack = load_stack(args.platform, project)
+        stack = load_stack(args.platform, project, args.sglang or None)
         opts = Options(
             python=args.python,
             project=project,
@@ -447,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"install_stack: error: {exc}", file=sys.stderr)
         return 2
     done = "installed" if args.phase == "all" else f"phase {args.phase} installed"
-    print(f"install_stack: {stack.platform} stack {done}", flush=True)
+    print(f"install_stack: {stack.platform} stack {done} (SGLang {stack.sglang})", flush=True)
     return 0
 
 

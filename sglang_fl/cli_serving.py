@@ -1,7 +1,7 @@
 """``sglang-fl make-tiny-model`` and ``sglang-fl demo``.
 
 ``demo`` is the one-command proof that the plugin serves: it builds (or reuses) the embedded
-random-weight Qwen2, runs the unchanged ``python -m sglang.launch_server`` with sglang-fl
+random-weight Qwen2, runs SGLang's unchanged ``launch_server`` with sglang-fl
 loaded, sends one OpenAI-style chat completion, and prints the reply, which backend served each
 fused op (from the ``[OOT-DISPATCH]`` log) and the throughput. The server is always shut down,
 also on Ctrl-C. Exit status 0 means the chat worked and the server then stopped cleanly
@@ -128,7 +128,10 @@ def cmd_demo(args) -> int:
     log_path = args.log or workdir / "server.log"
     env = {"SGLANG_FL_DISPATCH_LOG": str(dispatch_log)}
     progress = _Progress()
-    print(f"launching: python -m sglang.launch_server --model-path {model} {' '.join(args.server_args)}")
+    from sglang_fl.serving import build_command
+
+    launch = build_command(model, "<host>", 0)[1:3]  # -m <SGLang's launch_server module>
+    print(f"launching: python {' '.join(launch)} --model-path {model} {' '.join(args.server_args)}")
     print(f"server log: {log_path}")
     try:
         with launched_server(model, args.server_args, env, log_path=log_path, timeout=args.timeout,

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.platforms.interface import SRTPlatform
-
 from sglang_fl.config import get_settings
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.plugin import require_adapter
 
 logger = get_logger("platform")
 
@@ -45,13 +44,14 @@ def platform_qualname() -> str | None:
     return "sglang_fl.platform:PlatformFL"
 
 
-class PlatformFL(SRTPlatform):
-    def __init__(self) -> None:
-        from sglang.srt.platforms.device_mixin import PlatformEnum
+_ADAPTER = require_adapter()
 
+
+class PlatformFL(_ADAPTER.srt_platform_class()):
+    def __init__(self) -> None:
         self.settings = get_settings()
         self.facts = FACTS[self.settings.platform]
-        self._enum = PlatformEnum[self.facts.enum_name]
+        self._enum = _ADAPTER.platform_enum(self.facts.enum_name)
         self.device_name = self.facts.device_type
         self.device_type = self.facts.device_type
 

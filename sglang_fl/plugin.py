@@ -1,7 +1,8 @@
 """What ``load_plugin`` does in every SGLang process: validate Settings, then install each layer.
 
 Order matters: Settings first (a bad value must stop start-up with its message rather than be
-logged and ignored by SGLang's plugin loader), then Layer 1, then the hooks of Layers 2 and 3,
+logged and ignored by SGLang's plugin loader), then the adapter of the installed SGLang version
+(an unsupported version stops start-up naming the installed and supported ones), then Layer 1, then the hooks of Layers 2 and 3,
 which SGLang applies right after all plugins ran. Layer 2 resolves every routed op here, so an
 op that no backend can serve under the policy (e.g. ``SGLANG_FL_STRICT=1`` with an unavailable
 preferred kind) stops start-up too, with every such op in one message.
@@ -22,6 +23,17 @@ class ConfigurationExit(SystemExit):
     start the server without the plugin."""
 
 
+def require_adapter():
+    """The installed SGLang's adapter; an unsupported version stops start-up with its message."""
+    from sglang_fl.sglang_glue.adapters import UnsupportedSGLangVersion, get_adapter
+
+    try:
+        return get_adapter()
+    except UnsupportedSGLangVersion as exc:
+        logger.error("%s", exc)
+        raise ConfigurationExit(f"sglang-fl: {exc}") from exc
+
+
 def install() -> None:
     global _installed
     if _installed:
@@ -32,15 +44,15 @@ def install() -> None:
         logger.error("invalid sglang-fl configuration: %s", exc)
         raise ConfigurationExit(f"sglang-fl: invalid configuration: {exc}") from exc
     configure_logging(settings.log_level)
+    adapter = require_adapter()
     _installed = True
-
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_fl.aten import enable_layer1
     from sglang_fl.sglang_glue import server_defaults
 
-    HookRegistry.register(server_defaults.POST_INIT_TARGET, server_defaults.remember_user_choices,
-                          HookType.BEFORE)
+    if adapter.SERVER_ARGS_POST_INIT:
+        adapter.register_hook(adapter.SERVER_ARGS_POST_INIT, server_defaults.remember_user_choices,
+                              "before")
     enable_layer1(settings)
 
     if settings.oot_enabled:

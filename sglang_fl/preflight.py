@@ -1,4 +1,4 @@
-"""Checks the image entrypoint makes before it starts ``sglang.launch_server``.
+"""Checks the image entrypoint makes before it starts SGLang's ``launch_server``.
 
 A container that is given a bad model path, a bad ``SGLANG_FL_*`` value or a leader it cannot
 reach should stop within seconds with one message saying what to fix, never sit in a retry loop

@@ -1,4 +1,4 @@
-"""Start ``python -m sglang.launch_server`` as a child process and stop it cleanly.
+"""Start SGLang's ``launch_server`` module as a child process and stop it cleanly.
 
 One launcher for everything that needs a live server: ``sglang-fl demo``, the end-to-end tests,
 multi-process (tp) tests, smoke suites and the CPU serving benchmark. The server runs in its own
@@ -137,7 +137,9 @@ class Server:
 
 def build_command(model_path: str | os.PathLike, host: str, port: int,
                   extra_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return [sys.executable, "-m", get_adapter().LAUNCH_SERVER_MODULE, "--model-path", str(model_path),
             "--host", host, "--port", str(port), *map(str, extra_args)]
 
 

@@ -30,7 +30,9 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
 6. ``swap:clamp_position`` / ``swap:_resolve_future_token_ids`` -- forward_batch_info.py and
    overlap_utils.py bind the JIT CUDA kernel under ``is_cuda()``; no plugin API reaches them.
    How: rebind to SGLang's own ``*_native`` twin after the module runs (`swaps`). Upstream:
-   none. Remove when SGLang falls back when the JIT path is unavailable.
+   none. Remove when SGLang falls back when the JIT path is unavailable. Which globals is the
+   SGLang version adapter's ``NATIVE_SWAPS``: 0.5.23 made ``clamp_position`` a fused op (swapped
+   to its ``forward_native``) and no longer calls a JIT kernel in overlap_utils.
 7. ``sgl_kernel-off-flashinfer`` -- a real sgl_kernel hands rmsnorm/fused_add_rmsnorm and
    top-k/top-p renorm to flashinfer whenever ``import flashinfer.norm`` succeeded at its import,
    which the flashinfer stand-in makes true. How: after ``sgl_kernel.elementwise`` /
@@ -249,8 +251,16 @@ def activate() -> None:
         return
     state.active = True
     from sglang_fl.compat import fixes
+    from sglang_fl.sglang_glue.adapters import UnsupportedSGLangVersion, get_adapter
 
-    fixes.install()  # SGLang bug fixes: every install, stand-ins or not
+    try:
+        get_adapter()
+        supported = True
+    except UnsupportedSGLangVersion as exc:  # load_plugin stops start-up with this message
+        _logger().error("%s; no SGLang fixes or native swaps applied", exc)
+        supported = False
+    if supported:
+        fixes.install()  # SGLang bug fixes: every install, stand-ins or not
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
@@ -259,7 +269,7 @@ def activate() -> None:
         missing.append("torchvision")
     if not missing:
         return
-    if "tvm_ffi" in missing:
+    if "tvm_ffi" in missing and supported:
         from sglang_fl.compat import swaps
 
         swaps.install()

@@ -24,7 +24,6 @@ import logging
 
 logger = logging.getLogger("sglang_fl.compat")
 
-TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager"
 FIXED_MARK = "__sglang_fl_fix__"
 
 applied: list[str] = []
@@ -43,9 +42,16 @@ def _drop_undispatched_states(rid_to_state: dict, obj) -> None:
             del rid_to_state[rid]
 
 
-def _check_targets(module) -> type:
-    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
+def tokenizer_manager_module() -> str:
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
+    return get_adapter().MODULES["tokenizer_manager"]
+
+
+def _check_targets(module) -> type:
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    APIServerReqTimeStats = get_adapter().request_time_stats_class()  # noqa: N806
     manager = getattr(module, "TokenizerManager", None)
     missing = [name for name, ok in (
         ("TokenizerManager.generate_request (async generator)",
@@ -63,7 +69,7 @@ def _check_targets(module) -> type:
 
 
 def fix_request_state_leak(module) -> None:
-    """``after`` hook of sglang.srt.managers.tokenizer_manager (idempotent)."""
+    """``after`` hook of SGLang's tokenizer_manager module (idempotent)."""
     manager = _check_targets(module)
     original = manager.generate_request
     if getattr(original, FIXED_MARK, False):
@@ -91,4 +97,4 @@ def fix_request_state_leak(module) -> None:
 def install() -> None:
     from sglang_fl.compat.module_hooks import add_hook
 
-    add_hook(TOKENIZER_MANAGER, after=fix_request_state_leak)
+    add_hook(tokenizer_manager_module(), after=fix_request_state_leak)

@@ -20,6 +20,7 @@ from types import ModuleType
 
 STANDIN_MARKER = "__sglang_fl_standin__"  # same value as sglang_fl.dispatch.backends.STANDIN_MARKER
 CALL_LOG_PREFIX = "[SGLANG-FL-STANDIN-CALL]"
+STANDIN_VERSION = "0.0.0+sglangfl.standin"
 
 # What routes around a missing function: longest matching prefix of "package.name" wins.
 _ROUTES: dict[str, str] = {
@@ -123,6 +124,10 @@ class StandinModule(ModuleType):
         super().__init__(name, f"sglang-fl import stand-in for the absent package {name.partition('.')[0]}")
         setattr(self, STANDIN_MARKER, True)
         self.__path__ = []  # a package, so "import pkg.sub" reaches StandinFinder
+        if "." not in name:
+            # A version older than any release: transformers 5.19 parses torchvision's
+            # ``__version__`` once it finds the package (``is_torchvision_greater_or_equal``).
+            self.__version__ = STANDIN_VERSION
 
     def __getattr__(self, name: str):
         if self._namespace_only or (name.startswith("__") and name.endswith("__")):

@@ -25,6 +25,7 @@ import yaml
 # Layer-2 op names and the SGLang classes that can be routed (by class name, as users type
 # them) come from the op table.
 from sglang_fl.dispatch.ops import OP_NAMES, ROUTED_CLASSES, did_you_mean
+from sglang_fl.sglang_glue.versions import SUPPORTED_VERSIONS as SUPPORTED_SGLANG
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -199,6 +200,10 @@ FIELDS: tuple[Field, ...] = (
     Field("config", "SGLANG_FL_CONFIG", None, _path, None, "User YAML file."),
     Field("log_level", "SGLANG_FL_LOG_LEVEL", "log_level", _choice(LOG_LEVELS, lower=False), "INFO",
           "Log level of the sglang_fl logger."),
+    Field("sglang_adapter", "SGLANG_FL_SGLANG_ADAPTER", None, _choice(SUPPORTED_SGLANG), None,
+          "Use this SGLang version's adapter whatever SGLang is installed (untested; logged as a "
+          "warning). Default: the installed version's adapter; an unsupported version stops "
+          "start-up."),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 YAML_KEYS = {f.yaml_key: f for f in FIELDS if f.yaml_key}
@@ -229,6 +234,7 @@ class Settings:
     platform: str
     config: str | None
     log_level: str
+    sglang_adapter: str | None
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict[str, Any]:

@@ -9,9 +9,10 @@ Each `OpSpec` in `OPS` says, for one op:
   SGLang's and vLLM's layers share, so an implementation runs unchanged in vllm-plugin-FL;
   whatever else it needs is an argument (the bridge extracts it from the SGLang layer);
 - ``contract``: what the signature cannot say (return value, dtype rules, in place or not);
-- ``serves``: the SGLang layer classes (``MultiPlatformOp`` subclasses) routed through the op,
-  as ``module:Class`` of the supported SGLang version (subclasses that keep the forward methods
-  follow their nearest served class);
+- ``serves``: the names of the SGLang layer classes (fused-op subclasses) routed through the
+  op, as users type them in ``SGLANG_FL_OOT_*``; where each class lives in an SGLang version is
+  that version's adapter's business (``sglang_glue/adapters``); subclasses that keep the
+  forward methods follow their nearest served class;
 - ``tolerance``: per output dtype, how close an implementation must come to the reference in
   the numerics tests.
 
@@ -84,7 +85,7 @@ class OpSpec:
 
     @property
     def class_names(self) -> tuple[str, ...]:
-        return tuple(path.rsplit(":", 1)[1] for path in self.serves)
+        return self.serves
 
 
 def _parse_signature(name: str, text: str) -> tuple[inspect.Parameter, ...]:
@@ -165,7 +166,7 @@ OPS: tuple[OpSpec, ...] = (
         signature="(obj, x)",
         layer_attrs=(),
         contract="-> Tensor: silu(x[..., :d]) * x[..., d:] with d = x.shape[-1] // 2.",
-        serves=("sglang.srt.layers.activation:SiluAndMul",),
+        serves=("SiluAndMul",),
     ),
     OpSpec(
         name="rms_norm",
@@ -178,7 +179,7 @@ OPS: tuple[OpSpec, ...] = (
             "post_residual_addition only comes with a residual. A fused kernel that adds two "
             "inputs gets them from residual_sum_parts(); an impl that leaves "
             "post_residual_addition out is wrapped that way at registration."),
-        serves=("sglang.srt.layers.layernorm:RMSNorm",),
+        serves=("RMSNorm",),
         optional=("post_residual_addition",),
         adapt_short=_rms_norm_without_post,
     ),
@@ -191,7 +192,7 @@ OPS: tuple[OpSpec, ...] = (
             "checkpoint's Gemma weight in SGLang and vLLM alike) and, as "
             "GemmaRMSNorm.forward_native, the adds are in x's dtype: residual + "
             "post_residual_addition first, then x + that."),
-        serves=("sglang.srt.layers.layernorm:GemmaRMSNorm",),
+        serves=("GemmaRMSNorm",),
         optional=("post_residual_addition",),
         adapt_short=_gemma_rms_norm_without_post,
     ),
@@ -207,7 +208,7 @@ OPS: tuple[OpSpec, ...] = (
             "channels of every head of query [tokens, heads * head_size] and key are rotated "
             "(GPT-J pairs if rotary_interleaved, else NeoX halves); inplace writes into query "
             "and key and returns them."),
-        serves=("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding",),
+        serves=("RotaryEmbedding",),
     ),
     OpSpec(
         name="mrotary_embedding",
@@ -221,7 +222,7 @@ OPS: tuple[OpSpec, ...] = (
             "rotary_dim // 2: pairs [0, t) from T, [t, t + h) from H, the rest from W; with "
             "mrope_interleaved, pair i from H if i % 3 == 1 and i < 3h, from W if i % 3 == 2 and "
             "i < 3w, else from T. positions of shape [tokens] (text only) serve all three axes."),
-        serves=("sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",),
+        serves=("MRotaryEmbedding",),
     ),
     OpSpec(
         name="topk",
@@ -240,7 +241,7 @@ OPS: tuple[OpSpec, ...] = (
             "k choices in a row is free. hidden_states [T, H] is there for kernels that take "
             "it. Routing parameters are arguments, not layer attributes: SGLang keeps them in "
             "TopK.topk_config, vLLM on its FusedMoE layer."),
-        serves=("sglang.srt.layers.moe.topk:TopK",),
+        serves=("TopK",),
         # Weights are fp32 whatever the logits' dtype; a kernel differs only in its exp/sum
         # order. Ids must be equal (tests use logits without near-ties).
         tolerance=Tolerance(float32=(1e-5, 1e-5), float16=(1e-5, 1e-5), bfloat16=(1e-5, 1e-5)),
@@ -258,7 +259,7 @@ OPS: tuple[OpSpec, ...] = (
             "an id outside [0, E) (-1: an expert another expert-parallel rank holds) adds "
             "nothing. Unquantized, SiLU-gated, no biases: the bridge keeps SGLang's own "
             "forward for any other expert layer."),
-        serves=("sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",),
+        serves=("UnquantizedFusedMoEMethod",),
         # Two GEMMs whose [T, k, I] intermediate is rounded to the input dtype, then a k-way
         # sum: several roundings, against an fp32 oracle on the same rounded inputs. The
         # reference's largest error (outputs of std ~0.3, 9 or 128 experts, top-2/8) is 2.4e-7

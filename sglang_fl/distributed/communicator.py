@@ -88,6 +88,14 @@ class TorchEngine:
         """Nothing to free: SGLang destroys its process groups itself."""
 
 
+def _sglang_tensor_dict_parts():
+    """SGLang's tensor-dict split, its metadata type and its async-send handle (the adapter
+    knows where they live in the installed version)."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return get_adapter().tensor_dict_parts()
+
+
 def _contiguous(tensor):
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
@@ -193,10 +201,13 @@ class CommunicatorFL:
         self._scatter_into(output, torch.cat([t.reshape(-1) for t in input_list]))
         return output
 
-    def all_gatherv(self, input_, sizes: Sequence[int] | None = None):
-        """Like SGLang's: a tensor or a list of tensors in, always a list out."""
+    def all_gatherv(self, input_, sizes: Sequence[int] | None = None, output=None):
+        """Like SGLang's: a tensor or a list of tensors in, always a list out. ``output`` (SGLang
+        0.5.23's signature): a buffer for a single tensor's result, returned in the list."""
         self._count("all_gatherv")
         inputs = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+        if output is not None and not isinstance(input_, torch.Tensor):
+            raise ValueError("all_gatherv `output` requires a single-tensor input")
         if sizes is not None:
             assert len(sizes) == self.world_size, f"sizes {sizes} != world size {self.world_size}"
         outputs = []
@@ -212,6 +223,9 @@ class CommunicatorFL:
                     f"{sizes[self.rank_in_group]}")
                 out = inp.new_empty((sum(sizes),) + rest)
                 self._engine(inp).all_gatherv_into(out, inp, sizes)
+            if output is not None:
+                output.copy_(out.view_as(output))
+                out = output
             outputs.append(out)
         return outputs
 
@@ -270,8 +284,7 @@ class CommunicatorFL:
     def broadcast_tensor_dict(self, coordinator, tensor_dict=None, src: int = 0, group=None,
                               metadata_group=None):
         """``group``/``metadata_group`` are accepted and ignored, as SGLang does."""
-        from sglang.srt.distributed.parallel_state import TensorMetadata, _split_tensor_dict
-
+        _split_tensor_dict, TensorMetadata, _ = _sglang_tensor_dict_parts()
         self._count("broadcast_tensor_dict")
         assert src < self.world_size, f"Invalid src rank ({src})"
         if self.rank_in_group == src:
@@ -294,8 +307,7 @@ class CommunicatorFL:
 
     def send_tensor_dict(self, coordinator, tensor_dict, dst: int | None = None,
                          all_gather_group=None, async_send: bool = False):
-        from sglang.srt.distributed.parallel_state import P2PWork, _split_tensor_dict
-
+        _split_tensor_dict, _, P2PWork = _sglang_tensor_dict_parts()
         self._count("send_tensor_dict")
         dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         assert dst < self.world_size, f"Invalid dst rank ({dst})"
@@ -317,8 +329,7 @@ class CommunicatorFL:
         return works
 
     def recv_tensor_dict(self, coordinator, src: int | None = None, all_gather_group=None):
-        from sglang.srt.distributed.parallel_state import TensorMetadata
-
+        _, TensorMetadata, _ = _sglang_tensor_dict_parts()
         self._count("recv_tensor_dict")
         src = (self.rank_in_group - 1) % self.world_size if src is None else src
         assert src < self.world_size, f"Invalid src rank ({src})"

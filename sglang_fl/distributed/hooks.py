@@ -1,4 +1,4 @@
-"""AROUND hooks on SGLang's ``GroupCoordinator`` that hand its collectives to `CommunicatorFL`.
+"""AROUND hooks on SGLang's ``GroupCoordinator`` (the adapter's ``GROUP_COORDINATOR``) that hand its collectives to `CommunicatorFL`.
 
 SGLang-facing glue only; the collectives themselves live in `communicator.py` / `flagcx.py`.
 
@@ -17,7 +17,6 @@ from sglang_fl.logging_setup import get_logger
 
 logger = get_logger("sglang_fl.distributed")
 
-TARGET = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 ATTR = "fl_communicator"
 
 # Methods whose SGLang signature (after ``self``) CommunicatorFL repeats exactly.
@@ -85,9 +84,10 @@ def register(engine_kind: str, flagcx_path: str | None) -> bool:
             raise RuntimeError(f"Layer-3 hooks already registered for {_registered}, "
                                f"not for {(engine_kind, flagcx_path)}")
         return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
+    adapter = get_adapter()
     for name, hook in make_hooks(engine_kind, flagcx_path).items():
-        HookRegistry.register(f"{TARGET}.{name}", hook, HookType.AROUND)
+        adapter.register_hook(f"{adapter.GROUP_COORDINATOR}.{name}", hook, "around")
     _registered = (engine_kind, flagcx_path)
     return True

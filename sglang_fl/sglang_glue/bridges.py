@@ -14,7 +14,7 @@ import functools
 
 from sglang_fl.dispatch.manager import ResolvedOp
 from sglang_fl.dispatch.types import OpImpl
-from sglang_fl.sglang_glue import sglang_version
+from sglang_fl.sglang_glue.adapters import get_adapter
 from sglang_fl.sglang_glue.dispatch_log import log_dispatch, log_left_to_sglang
 
 
@@ -73,22 +73,25 @@ def bind_passthrough(layer, slot: ImplSlot, native):
     return forward
 
 
-# RMSNorm options the standard ``rms_norm`` op does not express; such layers stay native.
-_RMSNORM_UNSUPPORTED = (
-    ("variance_size_override", None),
-    ("fp32_residual", False),
-    ("override_orig_dtype", None),
-    ("cast_x_before_out_mul", False),
-)
-
-
 def bind_rms_norm(layer, slot: ImplSlot, native):
-    unsupported = [a for a, ok in _RMSNORM_UNSUPPORTED if getattr(layer, a, ok) != ok]
+    unsupported = [a for a, ok in get_adapter().RMSNORM_UNSUPPORTED if getattr(layer, a, ok) != ok]
     if unsupported:
         slot.left_to_sglang(", ".join(unsupported))
         return native
 
-    def forward(x, residual=None, post_residual_addition=None):
+    adapter = get_adapter()
+    why = adapter.rms_norm_call_unsupported(layer, None)
+    if why:
+        slot.left_to_sglang(why)
+        return native
+
+    def forward(x, residual=None, post_residual_addition=None, quant_linear=None):
+        # quant_linear: SGLang 0.5.23's RMSNorm.forward (the adapter says when it matters).
+        if quant_linear is not None:
+            why = adapter.rms_norm_call_unsupported(layer, quant_linear)
+            if why:
+                slot.left_to_sglang(f"calls with {why}")
+                return native(x, residual, post_residual_addition, quant_linear)
         if residual is None:  # forward_native ignores post_residual_addition without a residual
             try:
                 return slot.fn(layer, x)
@@ -166,23 +169,23 @@ def bind_mrotary_embedding(layer, slot: ImplSlot, native):
 
 
 def bind_topk(layer, slot: ImplSlot, native):
-    kwargs, unsupported = sglang_version.topk_op_kwargs(layer)
+    adapter = get_adapter()
+    kwargs, unsupported = adapter.topk_op_kwargs(layer)
     if unsupported:
         slot.left_to_sglang(", ".join(unsupported))
         return native
 
-    def forward(hidden_states, router_logits, *, num_token_non_padded=None,
-                expert_location_dispatch_info=None):
-        if num_token_non_padded is not None or expert_location_dispatch_info is not None:
-            # Expert-parallel dispatch (DeepEP): padded-token masking and logical->physical ids.
-            slot.left_to_sglang("calls with expert-location dispatch arguments")
-            return native(hidden_states, router_logits, num_token_non_padded=num_token_non_padded,
-                          expert_location_dispatch_info=expert_location_dispatch_info)
+    def forward(hidden_states, router_logits, **extras):
+        # extras: the version's TOPK_CALL_EXTRAS (expert-parallel / dynamic routing arguments).
+        why = adapter.topk_call_unsupported(layer, extras)
+        if why:
+            slot.left_to_sglang(why)
+            return native(hidden_states, router_logits, **extras)
         try:
             weights, ids = slot.fn(layer, hidden_states, router_logits, **kwargs)
         except Exception as exc:  # noqa: BLE001
             weights, ids = slot.call_after_failure(exc, layer, hidden_states, router_logits, **kwargs)
-        return sglang_version.topk_output(layer, weights, ids, router_logits)
+        return adapter.topk_output(layer, weights, ids, router_logits)
 
     return forward
 
@@ -191,15 +194,16 @@ def bind_fused_moe(method, slot: ImplSlot, native):
     """``method`` is SGLang's ``UnquantizedFusedMoEMethod``; the op's ``obj`` is the FusedMoE
     layer it is called with (``w13_weight``, ``w2_weight``)."""
     routed = None  # decided on the first call, once the layer's weights are loaded
+    adapter = get_adapter()
 
     def forward(layer, dispatch_output):
         nonlocal routed
         if routed is None:
-            unsupported = sglang_version.fused_moe_unsupported(method, layer)
+            unsupported = adapter.fused_moe_unsupported(method, layer)
             if unsupported:
                 slot.left_to_sglang(", ".join(unsupported))
             routed = not unsupported
-        routing = sglang_version.standard_routing(dispatch_output) if routed else None
+        routing = adapter.standard_routing(dispatch_output) if routed else None
         if routing is None:
             if routed:
                 slot.left_to_sglang("calls with a quantized or non-standard top-k dispatch")
@@ -208,7 +212,7 @@ def bind_fused_moe(method, slot: ImplSlot, native):
             out = slot.fn(layer, *routing)
         except Exception as exc:  # noqa: BLE001
             out = slot.call_after_failure(exc, layer, *routing)
-        return sglang_version.combine_input(out)
+        return adapter.combine_input(out)
 
     return forward
 

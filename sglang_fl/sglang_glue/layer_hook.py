@@ -1,10 +1,13 @@
 """Layer 2 hook: decide, once per SGLang layer instance, which forward it runs.
 
-The AROUND hook on SGLang's ``dispatch_forward`` gets the method SGLang picked (``native``).
+The AROUND hook on the method that resolves a fused op's forward (the adapter's
+``DISPATCH_HOOK_TARGET``: ``dispatch_forward`` in SGLang 0.5.11, run in ``__init__``;
+``_resolve_forward_method`` in 0.5.23, run lazily on the first call) gets the method SGLang
+picked (``native``).
 For a routed layer it resolves the op (cached per op by the manager) and returns a one-shot
 binder; SGLang stores that as the layer's ``_forward_method``. The binder runs on the layer's
-first call (the layer's attributes, e.g. ``cos_sin_cache``, do not exist yet while
-``dispatch_forward`` runs inside ``__init__``), builds the bridge and replaces itself, so every
+first call (the layer's attributes, e.g. ``cos_sin_cache``, may not exist yet when the hook
+runs), builds the bridge and replaces itself, so every
 later call is SGLang's ``forward`` -> bridge -> impl. The bridge writes the dispatch log line
 when a call takes the route, or says the layer was left to SGLang.
 """
@@ -16,8 +19,9 @@ import pkgutil
 
 from sglang_fl.config import Settings
 from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.dispatch.ops import OPS
 from sglang_fl.logging_setup import get_logger
-from sglang_fl.sglang_glue import sglang_version
+from sglang_fl.sglang_glue.adapters import get_adapter
 from sglang_fl.sglang_glue.bridges import ImplSlot, bridge_for
 
 logger = get_logger("sglang_glue")
@@ -29,7 +33,9 @@ class LayerRouter:
     def __init__(self, settings: Settings, manager: OpManager) -> None:
         self.settings = settings
         self.manager = manager
-        self._routes = [(pkgutil.resolve_name(r.class_path), r) for r in sglang_version.LAYER_ROUTES]
+        self.adapter = get_adapter()
+        self._routes = [(pkgutil.resolve_name(r.class_path), r)
+                        for r in self.adapter.layer_routes(OPS)]
         self._route_of_class = dict(self._routes)
 
     def routed_ops(self) -> tuple[str, ...]:
@@ -52,7 +58,7 @@ class LayerRouter:
             route = self._route_of_class.get(base)
             if route is None:
                 continue
-            overridden = [m for m in sglang_version.FORWARD_METHODS
+            overridden = [m for m in self.adapter.FORWARD_METHODS
                           if getattr(cls, m, None) is not getattr(base, m, None)]
             if overridden:
                 logger.debug("%s overrides %s of %s: left to SGLang", cls.__name__, overridden,
@@ -65,7 +71,7 @@ class LayerRouter:
         return None
 
     def bind(self, layer, native):
-        """What ``dispatch_forward`` returns for ``layer``."""
+        """What the dispatch hook target returns for ``layer``."""
         route = self.route_for(type(layer))
         if route is None:
             return native
@@ -83,9 +89,8 @@ class LayerRouter:
 
 
 def register_layer_hook(router: LayerRouter) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     def around_dispatch_forward(original, layer, *args, **kwargs):
         return router.bind(layer, original(layer, *args, **kwargs))
 
-    HookRegistry.register(sglang_version.DISPATCH_HOOK_TARGET, around_dispatch_forward, HookType.AROUND)
+    router.adapter.register_hook(router.adapter.DISPATCH_HOOK_TARGET, around_dispatch_forward,
+                                 "around")

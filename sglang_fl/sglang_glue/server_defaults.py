@@ -1,33 +1,30 @@
 """Server defaults that let an "empty" SGLang start on each platform, applied only to options
 the user left at SGLang's default.
 
-``remember_user_choices`` runs (as a BEFORE hook) when ``ServerArgs.__post_init__`` starts, i.e.
-before SGLang fills its own device defaults, and records which options differ from the dataclass
-defaults; ``apply_defaults`` (called from PlatformFL.apply_server_args_defaults) then changes only
-the others and logs each change.
+Which options the user chose is the SGLang version's business (the adapter's ``user_choices``):
+in 0.5.11 ``remember_user_choices`` runs as a BEFORE hook on ``ServerArgs.__post_init__``, i.e.
+before SGLang fills its own device defaults, and records which options differ from the field
+defaults; 0.5.23 keeps the user's raw input on the record while it resolves. ``apply_defaults``
+(called from PlatformFL.apply_server_args_defaults) then changes only the others and logs each
+change.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 from sglang_fl.dispatch.backends import real_module_available
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.sglang_glue.adapters import get_adapter
 
 logger = get_logger("platform")
 
-USER_CHOICES_ATTR = "_sglang_fl_user_choices"
-POST_INIT_TARGET = "sglang.srt.server_args.ServerArgs.__post_init__"
 CPU_MAX_TOTAL_TOKENS = 8192
 
 
 def remember_user_choices(server_args, *args, **kwargs):
-    chosen = set()
-    for f in dataclasses.fields(server_args):
-        if f.default is not dataclasses.MISSING and getattr(server_args, f.name, f.default) != f.default:
-            chosen.add(f.name)
-    object.__setattr__(server_args, USER_CHOICES_ATTR, frozenset(chosen))
+    """BEFORE hook of the adapter's ``SERVER_ARGS_POST_INIT`` (where the version has one)."""
+    get_adapter().remember_user_choices(server_args)
 
 
 def _plan(platform: str) -> dict[str, tuple[object, str]]:
@@ -44,13 +41,14 @@ def _plan(platform: str) -> dict[str, tuple[object, str]]:
     if importlib.util.find_spec("xgrammar") is None:  # else SGLang's scheduler dies at start
         plan["grammar_backend"] = ("none", "xgrammar is not installed")
     if platform == "cuda":
-        plan["disable_piecewise_cuda_graph"] = (True, "piecewise CUDA graph is incompatible with FlagGems")
+        option, value = get_adapter().PREFILL_GRAPH_OFF
+        plan[option] = (value, "piecewise (prefill) CUDA graph is incompatible with FlagGems")
     return plan
 
 
 def apply_defaults(platform: str, server_args) -> dict[str, object]:
     """Apply the platform's defaults to unchosen options; returns what changed."""
-    chosen = getattr(server_args, USER_CHOICES_ATTR, None)
+    chosen = get_adapter().user_choices(server_args)
     changed = {}
     for name, (value, why) in _plan(platform).items():
         if not hasattr(server_args, name):

@@ -50,9 +50,9 @@ def device_count(platform: str) -> int:
 
 
 def _load_plugin() -> None:
-    from sglang.srt.plugins import load_plugins
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
-    load_plugins()
+    get_adapter().load_plugins()
 
 
 def dispatch_choices(text: str) -> dict[str, tuple[str, str]]:
@@ -128,11 +128,12 @@ def check_layer2(workdir: Path) -> dict:
     _prepare(platform)
     _load_plugin()
     import torch
-    from sglang.srt.layers.activation import SiluAndMul
-    from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    SiluAndMul, RMSNorm = adapter.layer_class("SiluAndMul"), adapter.layer_class("RMSNorm")  # noqa: N806
+    adapter.set_server_args(model_path="dummy")
     dev = device_of(platform)
     dtype = torch.float32 if platform == "cpu" else torch.bfloat16
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)

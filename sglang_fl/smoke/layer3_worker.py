@@ -25,14 +25,16 @@ def main() -> None:
     settings = get_settings()
     if settings.platform == "cpu":
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    from sglang.srt.plugins import load_plugins
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
-    load_plugins()
+    adapter = get_adapter()
+    adapter.load_plugins()
     import torch
-    from sglang.srt.distributed import parallel_state as ps
 
     from sglang_fl.distributed import dist_backend_string
     from sglang_fl.smoke.checks import device_of
+
+    ps = adapter.module("parallel_state")
 
     if not hasattr(ps.GroupCoordinator.all_reduce, "__wrapped__"):
         raise SystemExit("Layer-3 hooks are not applied to GroupCoordinator.all_reduce")
@@ -42,7 +44,7 @@ def main() -> None:
     ps.init_distributed_environment(
         world_size=ws, rank=rank, local_rank=rank, backend=dist_backend_string(settings),
         distributed_init_method=f"tcp://127.0.0.1:{args.port}", timeout=120)
-    ps.initialize_model_parallel(tensor_model_parallel_size=ws)
+    adapter.initialize_model_parallel(tp_size=ws, rank=rank)
     group = ps.get_tp_group()
     comm = getattr(group, "fl_communicator", None)
     if comm is None:

@@ -191,8 +191,9 @@ def main() -> None:
     ps.init_distributed_environment(
         world_size=ws, rank=rank, local_rank=rank, backend=dist_backend_string(settings),
         distributed_init_method=f"tcp://127.0.0.1:{args.port}", timeout=120)
-    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp,
-                                 pipeline_model_parallel_size=args.pp)
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    get_adapter().initialize_model_parallel(tp_size=args.tp, pp_size=args.pp, rank=rank)
 
     groups = {"world": ps.get_world_group(), "tp": ps.get_tp_group()}
     checks = 0

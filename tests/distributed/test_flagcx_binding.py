@@ -245,7 +245,8 @@ from sglang_fl.distributed import flagcx
 assert hasattr(ps.GroupCoordinator.all_reduce, "__wrapped__"), "hooks not applied"
 ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                 distributed_init_method="tcp://127.0.0.1:" + sys.argv[1])
-ps.initialize_model_parallel(tensor_model_parallel_size=1)
+from sglang_fl.sglang_glue.adapters import get_adapter
+get_adapter().initialize_model_parallel(tp_size=1)
 import torch
 for g in (ps.get_world_group(), ps.get_tp_group(), ps.get_pp_group()):
     assert g.fl_communicator is None, g

@@ -24,7 +24,9 @@ from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm, GemmaRMSNorm
 from sglang.srt.layers.rotary_embedding import get_rope
 layers = [SiluAndMul(), RMSNorm(32), RMSNorm(32), GemmaRMSNorm(32), get_rope(16, 16, 64, 10000, True, dtype=torch.float32)]
-out = {type(l).__name__: getattr(l._forward_method, "__module__", "?") for l in layers}
+# SGLang 0.5.23 resolves a layer's forward on its first call: ask for it the same way.
+out = {type(l).__name__: getattr(l._forward_method or l._resolve_forward_method(), "__module__", "?")
+       for l in layers}
 x = torch.randn(2, 32)
 out["rms_ok"] = bool(torch.allclose(layers[1].forward(x), layers[1].forward_native(x)))
 layers[0].forward(torch.randn(2, 64))

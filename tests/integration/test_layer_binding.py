@@ -42,11 +42,12 @@ def router_with(env, flaky, sglang_with_plugin):
 
 def make_layer():
     from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
     layer = RMSNorm(64)
     layer.weight.data.normal_(1.0, 0.1)
-    return layer, MultiPlatformOp.dispatch_forward.__wrapped__(layer)  # SGLang's own choice
+    return layer, get_adapter().sglang_forward_choice(layer)
 
 
 def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, caplog, tmp_path):
@@ -126,20 +127,30 @@ def test_aten_record_filter_keeps_layer1_calls_only():
 def test_server_defaults_only_touch_what_the_user_left_unset(sglang_with_plugin):
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_fl.sglang_glue.adapters import get_adapter
     from sglang_fl.sglang_glue.server_defaults import (
         CPU_MAX_TOTAL_TOKENS,
         apply_defaults,
         remember_user_choices,
     )
 
-    args = ServerArgs(model_path="dummy", max_total_tokens=2048)
-    remember_user_choices(args)
+    def user_input(args):
+        """What SGLang keeps of the user's input before it fills device defaults: 0.5.11 runs
+        the post-init hook, 0.5.23's resolution snapshots the raw fields."""
+        if get_adapter().SERVER_ARGS_POST_INIT:
+            remember_user_choices(args)
+        else:
+            import msgspec
+
+            args._raw_input = {f.name: getattr(args, f.name) for f in msgspec.structs.fields(args)}
+        return args
+
+    args = user_input(ServerArgs(model_path="dummy", max_total_tokens=2048))
     args.attention_backend = "intel_amx"  # what SGLang fills in on device=cpu
     changed = apply_defaults("cpu", args)
     assert args.attention_backend == "torch_native" and args.disable_cuda_graph is True
     assert args.max_total_tokens == 2048 and "max_total_tokens" not in changed
-    args = ServerArgs(model_path="dummy", attention_backend="intel_amx")
-    remember_user_choices(args)
+    args = user_input(ServerArgs(model_path="dummy", attention_backend="intel_amx"))
     apply_defaults("cpu", args)
     assert args.attention_backend == "intel_amx"  # the user's explicit choice stays
     assert args.max_total_tokens == CPU_MAX_TOTAL_TOKENS

@@ -382,18 +382,26 @@ class _TritonMrope:
         k.copy_(k32)
 
 
+def _patch_sglang_kernel(monkeypatch, name, double):
+    """Replace SGLang's kernel ``name`` where this SGLang version keeps it (the adapter's KERNELS)."""
+    import importlib
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    module, attr = get_adapter().KERNELS[name].split(":")
+    monkeypatch.setattr(importlib.import_module(module), attr, double)
+
+
 @pytest.mark.parametrize("case", MROPE_CASES, ids=lambda c: f"hd{c[0]}-{c[2]}-{'il' if c[3] else 'ch'}")
 def test_vendor_cuda_mrope_hands_sglangs_kernel_the_right_arguments(sglang_with_plugin, monkeypatch,
                                                                     case):
     """vendor.cuda's mRoPE is SGLang's Triton kernel (tests/gpu runs it for real); here a double
     of that kernel checks what the impl passes: the cache joined as [cos | sin] in fp32, the
     positions (text-only ones for all three axes), the section flags and in place or not."""
-    from sglang.srt.layers.rotary_embedding import triton_kernels
-
     from sglang_fl.dispatch.backends.vendor.cuda.backend import CudaBackend
     from sglang_fl.dispatch.ops import op_spec
 
-    monkeypatch.setattr(triton_kernels, "triton_mrope_fused", _TritonMrope.triton_mrope_fused)
+    _patch_sglang_kernel(monkeypatch, "triton_mrope_fused", _TritonMrope.triton_mrope_fused)
     _TritonMrope.calls = []
     backend = CudaBackend()
     layer = _mrope(case, torch.float32)
@@ -455,9 +463,7 @@ def test_backends_read_only_the_layer_attributes_the_table_lists(sglang_with_plu
 
     backend = ReferenceBackend() if impl_id == "reference" else _backend_with_kernel_doubles(impl_id)
     if op == "mrotary_embedding" and impl_id == "vendor.cuda":
-        from sglang.srt.layers.rotary_embedding import triton_kernels
-
-        monkeypatch.setattr(triton_kernels, "triton_mrope_fused", _TritonMrope.triton_mrope_fused)
+        _patch_sglang_kernel(monkeypatch, "triton_mrope_fused", _TritonMrope.triton_mrope_fused)
     fn = getattr(backend, op)
     x = torch.randn(4, 64)
     if op in ("rms_norm", "gemma_rms_norm"):

@@ -202,8 +202,12 @@ def test_topk_layer_matches_sglang_forward_native(sglang_with_plugin, scoring, w
 
 
 def test_topk_layer_with_fused_shared_experts_keeps_sglang_forward(sglang_with_plugin):
+    import inspect
+
     from sglang.srt.layers.moe.topk import TopK
 
+    if "num_fused_shared_experts" not in inspect.signature(TopK).parameters:
+        pytest.skip("this SGLang takes fused shared experts from the published model config")
     layer = TopK(top_k=3, renormalize=True, num_fused_shared_experts=1, layer_id=0)
     logits = _logits(4, 9, torch.float32, seed=0)
     layer(torch.randn(4, 8), logits)
@@ -219,7 +223,9 @@ def one_rank_parallel_state(sglang_with_plugin):
 
     ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
-    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    get_adapter().initialize_model_parallel(tp_size=1)
     yield ps
     ps.destroy_model_parallel()
     ps.destroy_distributed_environment()

@@ -179,9 +179,9 @@ def _router(env, log_path=None):
 
 
 def _bound(router, layer):
-    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
-    native = MultiPlatformOp.dispatch_forward.__wrapped__(layer)  # SGLang's own choice
+    native = get_adapter().sglang_forward_choice(layer)
     layer._forward_method = router.bind(layer, native)
     return layer
 

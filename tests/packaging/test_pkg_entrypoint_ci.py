@@ -15,7 +15,7 @@ import yaml
 from pkg_helpers import ROOT, run, tool
 
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
-SESSIONS = {"tests", "lint", "demo", "smoke-cpu", "image-cpu", "compose-cpu", "smoke-cuda",
+SESSIONS = {"tests", "tests-sglang-0.5.23", "lint", "demo", "smoke-cpu", "image-cpu", "compose-cpu", "smoke-cuda",
             "smoke-ascend", "smoke-musa"}
 
 

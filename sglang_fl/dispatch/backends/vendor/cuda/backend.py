@@ -2,12 +2,14 @@
 SGLang install on a GPU may lack sgl_kernel and still have Triton):
 
 - sgl_kernel: ``silu_and_mul``, ``rms_norm``, ``gemma_rms_norm``;
-- sgl_kernel and apache-tvm-ffi (``sglang.jit_kernel`` compiles through it): ``rotary_embedding``;
+- sgl_kernel and apache-tvm-ffi (SGLang's JIT kernels compile through it): ``rotary_embedding``;
 - sgl_kernel: ``topk`` (``topk_softmax`` / ``topk_sigmoid``; the routings they do not cover run
   the reference math on the device);
 - sgl_kernel and apache-tvm-ffi: ``fused_moe`` (SGLang's Triton ``fused_experts``, whose
   SiLU-and-mul is JIT-compiled);
 - triton: ``mrotary_embedding`` (SGLang's Triton mRoPE kernel).
+
+Where each SGLang kernel lives depends on the SGLang version: the adapter's ``KERNELS``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ import weakref
 
 from sglang_fl.dispatch.backends import Backend, real_module_available
 from sglang_fl.dispatch.backends.reference import select_experts
+
+
+def _sglang_kernel(name: str):
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return get_adapter().kernel(name)
+
 
 _SGL_KERNEL_OPS = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "topk")
 
@@ -84,7 +93,7 @@ class CudaBackend(Backend):
 
     def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
                          rotary_interleaved=False, inplace=True):
-        from sglang.jit_kernel.rope import apply_rope_with_cos_sin_cache_inplace
+        apply_rope_with_cos_sin_cache_inplace = _sglang_kernel("apply_rope_with_cos_sin_cache_inplace")
 
         tokens = position_ids.numel()
         rot_dim = 2 * cos.shape[-1]
@@ -102,7 +111,7 @@ class CudaBackend(Backend):
 
     def mrotary_embedding(self, obj, query, key, cos, sin, positions, mrope_section,
                           mrope_interleaved=False, rotary_interleaved=False, inplace=True):
-        from sglang.srt.layers.rotary_embedding.triton_kernels import triton_mrope_fused
+        triton_mrope_fused = _sglang_kernel("triton_mrope_fused")
 
         if not inplace:
             query, key = query.clone(), key.clone()
@@ -156,7 +165,7 @@ class CudaBackend(Backend):
         return weights, ids
 
     def fused_moe(self, obj, hidden_states, topk_weights, topk_ids):
-        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import outplace_fused_experts
+        outplace_fused_experts = _sglang_kernel("outplace_fused_experts")
 
         if hidden_states.shape[0] == 0:  # SGLang's kernel launches an empty grid (CUDA error)
             return hidden_states.new_empty(hidden_states.shape)

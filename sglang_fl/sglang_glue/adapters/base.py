@@ -1,0 +1,308 @@
+"""What sglang-fl needs from an SGLang version, and what the supported versions share.
+
+An adapter is a plain object (one instance per version module, ``ADAPTER``). Its attributes are
+SGLang hook targets and ``"module:attr"`` paths; its methods import SGLang lazily, so building
+an adapter never imports SGLang. A version module subclasses `SGLangAdapter` and overrides only
+what differs; everything here holds for SGLang 0.5.11 and 0.5.23 alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LayerRoute:
+    """An SGLang layer class routed through op ``op_name``; subclasses that keep its forward
+    methods (they only change e.g. the RoPE cache) are routed too."""
+
+    class_path: str  # "module:ClassName"
+    op_name: str
+
+    @property
+    def class_name(self) -> str:
+        return self.class_path.rsplit(":", 1)[1]
+
+
+@dataclass(frozen=True)
+class NativeSwap:
+    """A module global that SGLang hard-wires to a JIT CUDA kernel at import, rebound right
+    after the module runs (ledger entries ``swap:*``, compat/swaps.py applies them)."""
+
+    module: str
+    attr: str  # the hard-wired global the module's own code calls
+    native: str  # SGLang's native twin in the same module, or "" when `replacement` is given
+    replacement: Any = None  # a callable used instead of a twin
+
+
+#: Where `SGLangAdapter.remember_user_choices` keeps the options the user set.
+USER_CHOICES_ATTR = "_sglang_fl_user_choices"
+
+
+def _jit_store_cache_unavailable(*row_bytes: int) -> bool:
+    """memory_pool asks ``can_use_store_cache`` before its JIT KV-store kernel, which compiles
+    through apache-tvm-ffi; without it the answer is no, and SGLang takes its own index-put path
+    (the same one it takes for unsupported row sizes) without calling the tvm_ffi stand-in."""
+    return False
+
+
+class SGLangAdapter:
+    #: The SGLang release this adapter was written and tested against.
+    version: str = ""
+
+    # -- hook targets (SGLang's HookRegistry) --------------------------------------------------
+    #: The method whose result becomes a fused-op layer's ``_forward_method`` (Layer 2).
+    DISPATCH_HOOK_TARGET: str = ""
+    #: Server-args dataclass init: a BEFORE hook records which options the user set (None: the
+    #: version keeps the user's input itself, see `user_choices`).
+    SERVER_ARGS_POST_INIT: str | None = "sglang.srt.server_args.ServerArgs.__post_init__"
+    #: Layer 3: the collectives of this class are delegated to CommunicatorFL.
+    GROUP_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+
+    # -- modules --------------------------------------------------------------------------------
+    MODULES = {
+        "hook_registry": "sglang.srt.plugins.hook_registry",
+        "plugins": "sglang.srt.plugins",
+        "server_args": "sglang.srt.server_args",
+        "parallel_state": "sglang.srt.distributed.parallel_state",
+        "platform_interface": "sglang.srt.platforms.interface",
+        "platform_enum": "sglang.srt.platforms.device_mixin",
+        "tokenizer_manager": "sglang.srt.managers.tokenizer_manager",
+        "req_time_stats": "sglang.srt.observability.req_time_stats",
+    }
+    #: ``python -m <this>`` starts SGLang's HTTP server.
+    LAUNCH_SERVER_MODULE = "sglang.launch_server"
+
+    #: Routed class name (the op table's ``OpSpec.serves``) -> "module:Class" in this version.
+    LAYER_CLASSES: dict[str, str] = {
+        "SiluAndMul": "sglang.srt.layers.activation:SiluAndMul",
+        "RMSNorm": "sglang.srt.layers.layernorm:RMSNorm",
+        "GemmaRMSNorm": "sglang.srt.layers.layernorm:GemmaRMSNorm",
+        "RotaryEmbedding": "sglang.srt.layers.rotary_embedding.base:RotaryEmbedding",
+        "MRotaryEmbedding": "sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",
+        "TopK": "sglang.srt.layers.moe.topk:TopK",
+        "UnquantizedFusedMoEMethod": "sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",
+    }
+    #: Methods a subclass must not override for the base's bridge to stay correct.
+    FORWARD_METHODS = ("forward", "forward_native", "forward_cuda")
+
+    #: SGLang kernels the vendor.cuda backend calls (name -> "module:attr").
+    KERNELS: dict[str, str] = {
+        "outplace_fused_experts":
+            "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:outplace_fused_experts",
+    }
+
+    #: Native swaps applied when apache-tvm-ffi is absent (ledger ``swap:*``).
+    NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
+
+    #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
+    #: ``topk`` op does not express: a call passing any of them keeps SGLang's forward.
+    TOPK_CALL_EXTRAS: tuple[str, ...] = ("num_token_non_padded", "expert_location_dispatch_info")
+
+    # -- generic access -------------------------------------------------------------------------
+    def module(self, key: str):
+        return importlib.import_module(self.MODULES[key])
+
+    def resolve(self, path: str):
+        return pkgutil.resolve_name(path)
+
+    def register_hook(self, target: str, fn, kind: str) -> None:
+        """``kind``: ``"before"`` / ``"after"`` / ``"around"`` (SGLang's HookType)."""
+        registry = self.module("hook_registry")
+        registry.HookRegistry.register(target, fn, registry.HookType[kind.upper()])
+
+    def load_plugins(self) -> None:
+        self.module("plugins").load_plugins()
+
+    def srt_platform_class(self) -> type:
+        return self.module("platform_interface").SRTPlatform
+
+    def platform_enum(self, name: str):
+        return self.module("platform_enum").PlatformEnum[name]
+
+    def set_server_args(self, **kwargs) -> None:
+        """Make a global ``ServerArgs`` (what layers read outside a server), e.g. in a smoke."""
+        mod = self.module("server_args")
+        mod.set_global_server_args_for_scheduler(mod.ServerArgs(**kwargs))
+
+    def layer_class(self, class_name: str) -> type:
+        return self.resolve(self.LAYER_CLASSES[class_name])
+
+    def layer_routes(self, ops) -> tuple[LayerRoute, ...]:
+        """The routes of the op table ``ops`` in this version."""
+        return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name)
+                     for spec in ops for name in spec.serves)
+
+    def sglang_forward_choice(self, layer):
+        """The forward SGLang itself picks for ``layer``, bypassing sglang-fl's hook (tests and
+        diagnostics compare against it)."""
+        return self.resolve(self.DISPATCH_HOOK_TARGET).__wrapped__(layer)
+
+    def kernel(self, name: str):
+        return self.resolve(self.KERNELS[name])
+
+    # -- server defaults -------------------------------------------------------------------------
+    #: The server option (and value) that turns the prefill CUDA graph off.
+    PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+
+    def remember_user_choices(self, server_args) -> None:
+        """At ``ServerArgs`` construction: which options differ from their dataclass default."""
+        chosen = set()
+        for f in dataclasses.fields(server_args):
+            if (f.default is not dataclasses.MISSING
+                    and getattr(server_args, f.name, f.default) != f.default):
+                chosen.add(f.name)
+        object.__setattr__(server_args, USER_CHOICES_ATTR, frozenset(chosen))
+
+    def user_choices(self, server_args) -> frozenset[str] | None:
+        """The options the user set (None: unknown, e.g. a ServerArgs built before the hook)."""
+        return getattr(server_args, USER_CHOICES_ATTR, None)
+
+    # -- Layer 3 --------------------------------------------------------------------------------
+    def initialize_model_parallel(self, tp_size: int = 1, pp_size: int = 1, rank: int = 0) -> None:
+        """SGLang's model-parallel groups for ``tp_size`` x ``pp_size`` ranks, after
+        ``init_distributed_environment`` (smoke, tests)."""
+        self.module("parallel_state").initialize_model_parallel(
+            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
+
+    def tensor_dict_parts(self):
+        """``(split_tensor_dict, TensorMetadata, P2PWork)`` of SGLang's parallel_state: how a
+        tensor dict is split into metadata + tensors, and the async-send handle it returns."""
+        ps = self.module("parallel_state")
+        return ps._split_tensor_dict, ps.TensorMetadata, ps.P2PWork
+
+    # -- SGLang bug fixes (compat/fixes.py) -----------------------------------------------------
+    def request_time_stats_class(self) -> type:
+        return self.module("req_time_stats").APIServerReqTimeStats
+
+    # -- RMSNorm --------------------------------------------------------------------------------
+    #: RMSNorm options the standard ``rms_norm`` op does not express; such layers stay native.
+    RMSNORM_UNSUPPORTED = (
+        ("variance_size_override", None),
+        ("fp32_residual", False),
+        ("override_orig_dtype", None),
+        ("cast_x_before_out_mul", False),
+    )
+
+    def rms_norm_call_unsupported(self, layer, quant_linear) -> str | None:
+        """Why this RMSNorm call must run SGLang's forward (a fused quantized output), or None.
+        ``quant_linear`` is the forward's argument of that name (SGLang 0.5.23 and later)."""
+        return None
+
+    def topk_call_unsupported(self, layer, extras: dict) -> str | None:
+        """Why this ``TopK.forward`` call (keyword arguments `TOPK_CALL_EXTRAS`) must run SGLang's
+        forward, or None: expert-parallel dispatch (DeepEP) masks padded tokens and maps
+        logical to physical expert ids, which the standard op does not."""
+        if any(v is not None for v in extras.values()):
+            return "calls with expert-location dispatch arguments"
+        return None
+
+    # -- MoE --------------------------------------------------------------------------------------
+    # What the ``topk`` / ``fused_moe`` bridges need to know about SGLang's MoE classes: which
+    # configurations the standard ops express (the others keep SGLang's forward) and how results
+    # are handed back.
+
+    def _moe_runner_backend(self):
+        from sglang.srt.layers.moe import get_moe_runner_backend
+
+        return get_moe_runner_backend()
+
+    def _standard_topk_format(self):
+        from sglang.srt.layers.moe.topk import TopKOutputFormat
+
+        return TopKOutputFormat.STANDARD
+
+    def _topk_config_unsupported(self, cfg) -> list[tuple[str, bool]]:
+        return [("num_fused_shared_experts", cfg.num_fused_shared_experts)]
+
+    def topk_op_kwargs(self, layer) -> tuple[dict | None, list[str]]:
+        """The ``topk`` op's keyword arguments for SGLang's ``TopK`` ``layer``, or ``(None, why)``.
+
+        ``select_experts`` picks the scoring from the route, not from ``scoring_func``: grouped
+        without a correction bias is softmax (``grouped_topk``), grouped with one is sigmoid
+        (``biased_grouped_topk``); ungrouped follows ``scoring_func``.
+        """
+        cfg = layer.topk_config
+        backend = self._moe_runner_backend()
+        unsupported = [name for name, bad in (
+            *self._topk_config_unsupported(cfg),
+            ("custom_routing_function", cfg.custom_routing_function is not None),
+            ("apply_routed_scaling_factor_on_output", cfg.apply_routed_scaling_factor_on_output),
+            (f"output_format={cfg.output_format}",
+             cfg.output_format not in (None, self._standard_topk_format())),
+            (f"moe_runner_backend={backend.value}", backend.is_triton_kernels()
+             or backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+             or backend.is_flashinfer_mxfp4()),
+        ) if bad]
+        if unsupported:
+            return None, unsupported
+        grouped = cfg.use_grouped_topk
+        if grouped:
+            scoring = "softmax" if cfg.correction_bias is None else "sigmoid"
+        else:
+            scoring = cfg.scoring_func
+        return dict(top_k=cfg.top_k, renormalize=cfg.renormalize, scoring_func=scoring,
+                    correction_bias=cfg.correction_bias,
+                    num_expert_group=cfg.num_expert_group if grouped else None,
+                    topk_group=cfg.topk_group if grouped else None), []
+
+    def topk_output(self, layer, topk_weights, topk_ids, router_logits):
+        """What ``TopK.forward`` returns, with the bookkeeping ``select_experts`` does after its
+        top-k (routed-experts capture, expert-distribution recording; no-ops unless enabled)."""
+        from sglang.srt.eplb.expert_distribution import get_global_expert_distribution_recorder
+        from sglang.srt.layers.moe.routed_experts_capturer import get_global_experts_capturer
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        get_global_experts_capturer().capture(layer_id=layer.layer_id, topk_ids=topk_ids)
+        get_global_expert_distribution_recorder().on_select_experts(topk_ids=topk_ids)
+        return StandardTopKOutput(topk_weights, topk_ids, router_logits)
+
+    def _is_npu(self) -> bool:
+        from sglang.srt.utils import is_npu
+
+        return is_npu()
+
+    def fused_moe_unsupported(self, method, layer) -> list[str]:
+        """Why ``UnquantizedFusedMoEMethod`` ``method`` of FusedMoE ``layer`` must keep SGLang's
+        own forward (empty: the ``fused_moe`` op expresses it). The op takes SiLU-gated experts
+        with ``w13 [E, 2I, H]`` / ``w2 [E, H, I]``, no biases, the routed weights applied after
+        the down projection and summed; SGLang re-lays the weights out for some kernels (AMX
+        CPUs, Ascend, triton_kernels, flashinfer), and those layers stay native too."""
+        cfg = method.moe_runner_config
+        runner = getattr(getattr(method, "runner", None), "runner_backend", None)
+        checks = (
+            (f"activation={cfg.activation}", cfg.activation != "silu"),
+            ("is_gated=False", not cfg.is_gated),
+            ("apply_router_weight_on_input", cfg.apply_router_weight_on_input),
+            ("gemm1_alpha/gemm1_clamp_limit",
+             cfg.gemm1_alpha is not None or cfg.gemm1_clamp_limit is not None),
+            ("no_combine", cfg.no_combine),
+            (f"routed_scaling_factor={cfg.routed_scaling_factor}",
+             cfg.routed_scaling_factor not in (None, 1.0)),
+            ("bias", getattr(method, "with_bias", False)),
+            (f"runner={getattr(runner, 'value', runner)}", runner is None or not runner.is_triton()),
+            ("flashinfer_cutlass", getattr(method, "use_flashinfer_cutlass", False)),
+            ("aiter", getattr(method, "_aiter_runner", None) is not None),
+            ("AMX-packed weights", getattr(layer, "use_intel_amx_backend", False)),
+            ("NPU weight layout", self._is_npu()),
+        )
+        return [name for name, bad in checks if bad]
+
+    def standard_routing(self, dispatch_output):
+        """``(hidden_states, topk_weights, topk_ids)`` of a standard dispatch, else None."""
+        from sglang.srt.layers.moe.topk import TopKOutputChecker
+
+        topk = dispatch_output.topk_output
+        if (dispatch_output.hidden_states_scale is not None
+                or not TopKOutputChecker.format_is_standard(topk)):
+            return None
+        return dispatch_output.hidden_states, topk.topk_weights, topk.topk_ids
+
+    def combine_input(self, hidden_states):
+        from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+
+        return StandardCombineInput(hidden_states=hidden_states)

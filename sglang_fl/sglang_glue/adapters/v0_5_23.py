@@ -1,0 +1,137 @@
+"""SGLang 0.5.23.
+
+What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
+
+- ``MultiPlatformOp`` became a deprecated alias of ``sglang.kernels.fused_op.BaseFusedOp``, and
+  ``dispatch_forward`` is gone: ``BaseFusedOp.forward`` resolves ``_resolve_forward_method()``
+  lazily on the first call and caches it in ``_forward_method`` (a subclass ``__init__`` may
+  still pin it, as in 0.5.11). The Layer-2 hook wraps ``_resolve_forward_method``; the binder it
+  returns is stored and called by SGLang in the same place as before. ``register_oot_forward``
+  exists but keys on the exact class and only on an out-of-tree platform; sglang-fl keeps
+  SGLang's in-tree platform identity, so it keeps the hook.
+- ``RMSNorm.forward`` takes ``quant_linear`` (and models call ``fuse_input_quant``): a norm
+  whose consumer is a static per-tensor FP8 linear returns a quantized ``(fp8, scale, dtype)``
+  output on CUDA, which the standard op does not express: such calls stay SGLang's.
+- ``TopK.forward`` takes ``dynamic_expert_bias`` / ``router_logits_partials`` and resolves
+  padded-token masking and EPLB dispatch info itself (``_resolve_routing_inputs``); shared
+  experts moved into ``TopKConfig.shared_experts``; routed-experts capture moved to
+  ``capture_routed_experts_if_allowed``.
+- The JIT CUDA kernels moved from ``sglang.jit_kernel`` to ``sglang.kernels.ops``;
+  ``clamp_position`` is now a fused op with a JIT backend, imported into forward_batch_info,
+  and ``overlap_utils`` no longer calls a JIT kernel.
+- ``GroupCoordinator.all_gatherv`` takes an ``output`` buffer (CommunicatorFL accepts it).
+- ``ServerArgs`` is a msgspec Struct: a hook on its ``__post_init__`` never runs (msgspec binds
+  it when the type is made), fields are ``msgspec.structs.fields``, and resolution keeps the
+  user's input in ``_raw_input`` while it declares defaults (a platform's
+  ``apply_server_args_defaults`` gets a recorder that reads through to the record).
+- ``--disable-piecewise-cuda-graph`` is gone (tc_piecewise removed); prefill CUDA graphs are
+  ``--cuda-graph-backend-prefill breakable|full|disabled``.
+- ``initialize_model_parallel`` reads the group widths from the published parallel context
+  instead of taking ``tensor_model_parallel_size``.
+"""
+
+from __future__ import annotations
+
+from sglang_fl.sglang_glue.adapters.base import (
+    NativeSwap,
+    SGLangAdapter,
+    _jit_store_cache_unavailable,
+)
+
+
+def _clamp_position_native(seq_lens):
+    """SGLang's own native path of its ``clamp_position`` fused op (the JIT one needs tvm_ffi)."""
+    from sglang.kernels.ops.attention.clamp_position import ClampPositionOp
+
+    return ClampPositionOp.forward_native(None, seq_lens)
+
+
+class SGLang0523(SGLangAdapter):
+    version = "0.5.23"
+    DISPATCH_HOOK_TARGET = "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method"
+    KERNELS = {
+        **SGLangAdapter.KERNELS,
+        "apply_rope_with_cos_sin_cache_inplace":
+            "sglang.kernels.ops.attention.rope:apply_rope_with_cos_sin_cache_inplace",
+        "triton_mrope_fused": "sglang.kernels.ops.attention.rotary_triton:triton_mrope_fused",
+    }
+    NATIVE_SWAPS = (
+        NativeSwap("sglang.srt.model_executor.forward_batch_info", "clamp_position", "",
+                   _clamp_position_native),
+        NativeSwap("sglang.srt.mem_cache.memory_pool", "can_use_store_cache", "",
+                   _jit_store_cache_unavailable),
+    )
+    SERVER_ARGS_POST_INIT = None
+    # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
+    PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
+
+    def remember_user_choices(self, server_args) -> None:  # no post-init hook in this version
+        return None
+
+    def user_choices(self, server_args) -> frozenset[str] | None:
+        import msgspec
+
+        raw = getattr(server_args, "_raw_input", None)
+        if raw is None:
+            return None
+        defaults = {f.name: f.default for f in msgspec.structs.fields(self.module("server_args").ServerArgs)}
+        return frozenset(n for n, v in raw.items()
+                         if n in defaults and defaults[n] is not msgspec.NODEFAULT and v != defaults[n])
+
+    TOPK_CALL_EXTRAS = (*SGLangAdapter.TOPK_CALL_EXTRAS, "dynamic_expert_bias",
+                        "router_logits_partials")
+
+    def initialize_model_parallel(self, tp_size: int = 1, pp_size: int = 1, rank: int = 0) -> None:
+        # The widths come from the published context: publish them first, as SGLang's own
+        # tests do (sglang.test.test_utils.publish_build_topology), keeping the WORLD group.
+        from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+
+        ps = self.module("parallel_state")
+        reset_context()
+        publish(self.module("server_args").ServerArgs(model_path="dummy", tp_size=tp_size,
+                                                      pp_size=pp_size),
+                role="test", ranks=SpawnRanks(world_rank=rank))
+        if ps._WORLD is not None:
+            get_parallel().override_permanently(world_group=ps._WORLD)
+        ps.initialize_model_parallel()
+
+    def rms_norm_call_unsupported(self, layer, quant_linear) -> str | None:
+        from sglang.srt.layers.layernorm import _fp8_static_input_scale
+
+        linear = quant_linear if quant_linear is not None else layer.__dict__.get("_quant_linear")
+        if linear is not None and _fp8_static_input_scale(linear) is not None:
+            return "fused static FP8 input quantization (quant_linear)"
+        return None
+
+    def topk_call_unsupported(self, layer, extras: dict) -> str | None:
+        if any(v is not None for v in extras.values()):
+            return "calls with expert-location / dynamic-bias routing arguments"
+        resolved = layer._resolve_routing_inputs(None, None)
+        if any(v is not None for v in resolved):
+            return "padded-token masking or EPLB dispatch info of the forward context"
+        return None
+
+    def _topk_config_unsupported(self, cfg) -> list[tuple[str, bool]]:
+        return [
+            ("shared expert slots", cfg.num_shared_topk_slots != 0),
+            (f"scoring_func={cfg.scoring_func}", cfg.scoring_func not in ("softmax", "sigmoid")),
+            ("sqrtsoftplus_log1p", cfg.sqrtsoftplus_log1p),
+            ("fused_gate_packed_ids", cfg.fused_gate_packed_ids),
+        ]
+
+    def topk_op_kwargs(self, layer) -> tuple[dict | None, list[str]]:
+        kwargs, unsupported = super().topk_op_kwargs(layer)
+        if getattr(layer, "enable_waterfill", False):
+            return None, [*unsupported, "waterfill"]
+        return kwargs, unsupported
+
+    def topk_output(self, layer, topk_weights, topk_ids, router_logits):
+        from sglang.srt.eplb.expert_distribution import get_global_expert_distribution_recorder
+        from sglang.srt.layers.moe.topk import StandardTopKOutput, capture_routed_experts_if_allowed
+
+        capture_routed_experts_if_allowed(layer.topk_config, layer.layer_id, topk_ids)
+        get_global_expert_distribution_recorder().on_select_experts(topk_ids=topk_ids)
+        return StandardTopKOutput(topk_weights, topk_ids, router_logits)
+
+
+ADAPTER = SGLang0523()

@@ -1,0 +1,94 @@
+"""The SGLang version adapters: chosen once from the installed version, an unsupported version
+stops start-up with a message naming both, and no SGLang module path lives outside them."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_fl.dispatch.ops import OPS
+from sglang_fl.sglang_glue.adapters import (
+    ADAPTERS,
+    SUPPORTED_VERSIONS,
+    UnsupportedSGLangVersion,
+    select_version,
+)
+
+PACKAGE = Path(__import__("sglang_fl").__file__).parent
+
+
+def test_installed_version_picks_its_adapter_and_patch_releases_share_it():
+    assert select_version("0.5.11", None) == ("0.5.11", None)
+    assert select_version("0.5.23", None) == ("0.5.23", None)
+    assert select_version("0.5.11.post2", None) == ("0.5.11", None)
+
+
+def test_unsupported_version_names_installed_and_supported_versions():
+    with pytest.raises(UnsupportedSGLangVersion) as info:
+        select_version("0.5.17", None)
+    message = str(info.value)
+    assert "SGLang 0.5.17 is installed" in message
+    assert all(v in message for v in SUPPORTED_VERSIONS)
+    assert "SGLANG_FL_SGLANG_ADAPTER" in message
+    with pytest.raises(UnsupportedSGLangVersion, match="not installed"):
+        select_version(None, None)
+
+
+def test_override_tries_an_adapter_anyway_with_a_warning():
+    chosen, warning = select_version("0.5.17", "0.5.23")
+    assert chosen == "0.5.23" and "0.5.17" in warning and "untested" in warning
+    assert select_version("0.5.23", "0.5.23") == ("0.5.23", None)
+    with pytest.raises(UnsupportedSGLangVersion, match="names no adapter"):
+        select_version("0.5.11", "0.6.0")
+
+
+def test_override_is_a_validated_setting():
+    from sglang_fl.config import SettingsError, build_settings
+
+    settings = build_settings(env={"SGLANG_FL_SGLANG_ADAPTER": "0.5.23"}, detect_platform=lambda: "cpu")
+    assert settings.sglang_adapter == "0.5.23"
+    with pytest.raises(SettingsError, match="SGLANG_FL_SGLANG_ADAPTER"):
+        build_settings(env={"SGLANG_FL_SGLANG_ADAPTER": "0.4"}, detect_platform=lambda: "cpu")
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_every_adapter_maps_every_routed_class_and_declares_its_targets(version):
+    adapter = importlib.import_module(f"sglang_fl.sglang_glue.adapters.{ADAPTERS[version]}").ADAPTER
+    assert adapter.version == version
+    routes = adapter.layer_routes(OPS)
+    assert {r.class_name for r in routes} == {n for spec in OPS for n in spec.serves}
+    assert adapter.DISPATCH_HOOK_TARGET.startswith("sglang.")
+    assert set(adapter.KERNELS) >= {"apply_rope_with_cos_sin_cache_inplace", "triton_mrope_fused",
+                                    "outplace_fused_experts"}
+
+
+def test_the_installed_adapters_names_exist_in_the_installed_sglang():
+    pytest.importorskip("sglang")
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    for name in adapter.LAYER_CLASSES:
+        assert isinstance(adapter.layer_class(name), type), name
+    owner, _, method = adapter.DISPATCH_HOOK_TARGET.rpartition(".")
+    assert callable(getattr(adapter.resolve(owner), method))
+    for key in adapter.MODULES:
+        adapter.module(key)
+    assert all(callable(p) or isinstance(p, type) for p in adapter.tensor_dict_parts())
+    adapter.request_time_stats_class()
+
+
+def test_sglang_module_paths_live_only_in_the_adapters():
+    """Outside ``sglang_glue/adapters``, the package names no ``sglang.`` module, except the
+    import stand-ins' list of what they stand in for and the entry-point groups of pyproject."""
+    allowed = {"sglang.srt.plugins", "sglang.srt.platforms", "sglang.jit_kernel"}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "adapters" in path.parts:
+            continue
+        for m in re.finditer(r"\bsglang(?:\.[a-z_]+)+", path.read_text(encoding="utf-8")):
+            if m.group(0) not in allowed:
+                found.append(f"{path.relative_to(PACKAGE)}: {m.group(0)}")
+    assert found == []
