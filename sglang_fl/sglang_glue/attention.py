@@ -44,7 +44,7 @@ def register_attention_backends(manager) -> dict[str, str]:
             logger.error("attention backend %r of %s not registered: SGLang has its own backend of "
                          "that name; the vendor must pick another", impl.name, vendor_id)
             continue
-        sglang_version.add_attention_backend(impl.name, impl.factory)
+        sglang_version.add_attention_backend(impl.name, _built_and_logged(impl, vendor_id))
         _registered[impl.name] = vendor_id
         if not impl.triton_helpers:
             _no_triton.add(impl.name)
@@ -54,6 +54,19 @@ def register_attention_backends(manager) -> dict[str, str]:
         HookRegistry.register(sglang_version.SUPPORT_TRITON_TARGET, support_triton, HookType.AROUND)
         _hooked = True
     return dict(_registered)
+
+
+def _built_and_logged(impl, vendor_id: str):
+    """The vendor's factory, logging what it built: the proof that a server really runs it."""
+
+    def factory(model_runner):
+        backend = impl.factory(model_runner)
+        logger.info("attention backend %r of %s built: %s", impl.name, vendor_id,
+                    type(backend).__name__)
+        return backend
+
+    factory.__name__ = factory.__qualname__ = f"create_{impl.name}"
+    return factory
 
 
 def support_triton(original, backend: str) -> bool:
