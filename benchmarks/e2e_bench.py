@@ -45,8 +45,10 @@ METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 # name -> environment (added to the server's). The plugin is installed in all of them; what
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
 # ops (Layer 1). Every knob is an env variable, so a configuration does not depend on the YAML.
-_ALL_CLASSES = "SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding"
-_OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "silu_and_mul")
+_ALL_CLASSES = ("SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding,MRotaryEmbedding,TopK,"
+                "UnquantizedFusedMoEMethod")
+_OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "silu_and_mul",
+        "topk", "fused_moe")
 
 
 def _every_op(kinds):

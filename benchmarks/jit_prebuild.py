@@ -36,8 +36,9 @@ def _modules(e2e_only=False):
                 mods.append(("rope", "_jit_fused_rope_module", (neox, dim, dtype)))
     for dtype in (torch.bfloat16, torch.float16):
         mods.append(("activation", "_jit_activation_module", (dtype,)))
-    # KV rows of kv_heads * head_dim * 2 bytes: Qwen2.5-0.5B (2x64), Llama-3-8B (8x128).
-    for row_bytes in (256, 2048):
+    # KV rows of kv_heads * head_dim * 2 bytes: Qwen2.5-0.5B (2x64), Qwen3-30B-A3B (4x128),
+    # Llama-3-8B (8x128).
+    for row_bytes in (256, 1024, 2048):
         mods.append(("kvcache", "_jit_kvcache_module", (row_bytes,)))
     for dtype in (torch.int32, torch.int64):
         mods.append(("clamp_position", "_jit_clamp_position_module", (dtype,)))

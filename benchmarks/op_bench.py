@@ -45,10 +45,27 @@ def _cases(quick: bool):
     for hd, qh, kh in ((64, 14, 2), (128, 32, 8)):
         for t in tokens:
             yield ("rotary_embedding", dict(tokens=t, head_size=hd, q_heads=qh, kv_heads=kh))
+    # Routing: Qwen3-30B-A3B (softmax, renormalised) and DeepSeek-V3 (sigmoid + bias, grouped).
+    for experts, k, scoring, groups in ((128, 8, "softmax", 0), (256, 8, "sigmoid", 8)):
+        for t in tokens:
+            yield ("topk", dict(tokens=t, experts=experts, top_k=k, scoring=scoring, groups=groups))
+    # Expert compute: Qwen3-30B-A3B's experts (128 x [768, 2048], 8 per token).
+    for experts, k, hidden, inter in ((128, 8, 2048, 768),):
+        for t in tokens:
+            yield ("fused_moe", dict(tokens=t, experts=experts, top_k=k, hidden=hidden,
+                                     intermediate=inter))
+
+
+_GEN = None
 
 
 def _randn(*shape):
-    return torch.randn(*shape, device="cuda", dtype=DTYPE)
+    """Inputs from a private generator: a capture that fails (an impl with a host sync) leaves
+    the default CUDA generator unusable ("Offset increment outside graph capture")."""
+    global _GEN
+    if _GEN is None:
+        _GEN = torch.Generator(device="cuda").manual_seed(0)
+    return torch.randn(*shape, device="cuda", dtype=DTYPE, generator=_GEN)
 
 
 def build_call(op, p, backend):
@@ -68,9 +85,36 @@ def build_call(op, p, backend):
         layer = make_rope(hd, hd, True, DTYPE)
         cos, sin = rope_caches(layer)
         q, k = _randn(p["tokens"], p["q_heads"] * hd), _randn(p["tokens"], p["kv_heads"] * hd)
-        pos = torch.randint(0, 4096, (p["tokens"],), device="cuda")
+        pos = torch.arange(p["tokens"], device="cuda") * 37 % 4096
         return lambda: backend.rotary_embedding(layer, q, k, cos, sin, pos, False, True)
+    if op == "topk":
+        gen = torch.Generator(device="cuda").manual_seed(p["tokens"])
+        logits = torch.randn(p["tokens"], p["experts"], device="cuda", generator=gen).to(DTYPE)
+        hidden = torch.zeros(p["tokens"], 64, device="cuda", dtype=DTYPE)
+        grouped = p["groups"] or None
+        bias = (0.05 * torch.randn(p["experts"], device="cuda", generator=gen)
+                if p["scoring"] == "sigmoid" else None)
+        args = (p["top_k"], True, p["scoring"], bias, grouped, grouped and grouped // 2)
+        return lambda: backend.topk(None, hidden, logits, *args)
+    if op == "fused_moe":
+        e, h, i = p["experts"], p["hidden"], p["intermediate"]
+        layer = _ExpertWeights(_randn(e, 2 * i, h) / h ** 0.5, _randn(e, h, i) / i ** 0.5)
+        x = _randn(p["tokens"], h)
+        logits = _randn(p["tokens"], e).float()
+        weights, ids = torch.topk(logits.softmax(-1), p["top_k"], dim=-1)
+        weights, ids = (weights / weights.sum(-1, keepdim=True)).float(), ids.to(torch.int32)
+        return lambda: backend.fused_moe(layer, x, weights, ids)
     raise ValueError(op)
+
+
+_OP_OF = {"fused_add_rms_norm": "rms_norm"}  # benchmark case -> op table name
+
+
+class _ExpertWeights:
+    """What the ``fused_moe`` op reads of its layer (a real FusedMoE needs SGLang's groups)."""
+
+    def __init__(self, w13, w2):
+        self.w13_weight, self.w2_weight = w13, w2
 
 
 def time_eager(fn, iters):
@@ -173,25 +217,37 @@ def main(argv=None):
             continue
         row = {"op": op, **params, "dtype": str(DTYPE).replace("torch.", "")}
         calls, graphs = {}, {}
-        for name, backend in backends.items():
-            if op == "rotary_embedding" and "rotary_embedding" not in backend.implemented_ops():
+        graph_errors = {}
+        for name, backend in backends.items():  # every input first: a failed capture below
+            if _OP_OF.get(op, op) not in backend.implemented_ops():  # must not poison them
                 continue
             try:
                 calls[name] = build_call(op, params, backend)
-                graphs[name] = make_graph(calls[name], args.per_graph)
+                calls[name]()
             except Exception as exc:  # noqa: BLE001 - recorded, the table shows it
                 row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 calls.pop(name, None)
+        for name in calls:
+            try:  # an impl that cannot be captured (e.g. host syncs) is still timed eagerly
+                graphs[name] = make_graph(calls[name], args.per_graph)
+            except Exception as exc:  # noqa: BLE001
+                graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+                torch.cuda.synchronize()
         eager = {n: [] for n in calls}
-        graph = {n: [] for n in calls}
+        graph = {n: [] for n in graphs}
         names = list(calls)
         for rep in range(args.repeats):
             order = names[rep % len(names):] + names[:rep % len(names)] if names else []
             for name in order:
                 eager[name].append(time_eager(calls[name], args.eager_iters))
-                graph[name].append(time_graph(graphs[name], args.per_graph, args.replays))
+                if name in graphs:
+                    graph[name].append(time_graph(graphs[name], args.per_graph, args.replays))
         for name in names:
-            row[name] = {"eager_us": summarize(eager[name]), "graph_us": summarize(graph[name])}
+            row[name] = {"eager_us": summarize(eager[name])}
+            if name in graphs:
+                row[name]["graph_us"] = summarize(graph[name])
+            else:
+                row[name]["graph_error"] = graph_errors[name]
         del graphs
         results.append(row)
         print(_row_text(row, backends), flush=True)
@@ -214,8 +270,9 @@ def _row_text(row, backends):
     parts = []
     for name in backends:
         cell = row.get(name)
-        if cell and "graph_us" in cell:
-            parts.append(f"{name} {cell['graph_us']['median']:.2f}/{cell['eager_us']['median']:.1f}us")
+        if cell and "eager_us" in cell:
+            graph = f"{cell['graph_us']['median']:.2f}" if "graph_us" in cell else "no-graph"
+            parts.append(f"{name} {graph}/{cell['eager_us']['median']:.1f}us")
         elif cell:
             parts.append(f"{name} ERROR")
     return f"{row['op']:<20} {_shape(row):<45} graph/eager: " + "  ".join(parts)
@@ -238,6 +295,8 @@ def table(doc):
                     cells.append("-")
                 elif "error" in c:
                     cells.append("error")
+                elif mode not in c:
+                    cells.append("not capturable")
                 else:
                     m = c[mode]
                     cells.append(f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})"

@@ -120,6 +120,14 @@ PRESETS: dict[str, TinyModelSpec] = {
         head_dim=32, intermediate_size=128, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=32, norm_topk_prob=True,
     ),
+    # Qwen3-30B-A3B's real shapes (random weights, bf16) with 8 of its 48 layers: the GPU MoE
+    # performance work (the per-layer cost is the real model's; the vocabulary too).
+    "qwen3-30b-a3b": TinyModelSpec(
+        architecture="qwen3_moe", hidden_size=2048, num_layers=8, num_heads=32, num_kv_heads=4,
+        head_dim=128, intermediate_size=6144, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True, vocab_size=151936,
+        max_position_embeddings=32768, dtype="bfloat16", initializer_range=0.02,
+    ),
 }
 
 

@@ -312,12 +312,15 @@ class _SglKernelMoE:
         ids.copy_(i)
 
 
+@pytest.mark.parametrize("top_k", [8, 6])
 @pytest.mark.parametrize("impl_id", ["flagos", "vendor.cuda"])
 @pytest.mark.parametrize("routing", list(ROUTINGS))
-def test_kernel_backends_topk_adapters(impl_id, routing):
+def test_kernel_backends_topk_adapters(impl_id, routing, top_k):
     """Each routing reaches the kernel that computes it with the right arguments (or the
     reference math on the device where the kernel's semantics differ), with the oracle's
-    result."""
+    result. top_k 6: FlagGems' grouped_topk compiles only for a power of two, so every routing
+    but plain softmax takes the reference math, which must still apply the bias (an H200 run
+    of 2026-12-01 caught it dropped)."""
     from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
     from sglang_fl.dispatch.backends.vendor.cuda.backend import CudaBackend
 
@@ -331,9 +334,9 @@ def test_kernel_backends_topk_adapters(impl_id, routing):
     scoring, with_bias, grouped = ROUTINGS[routing]
     logits = _logits(33, 128, torch.bfloat16, seed=5)
     bias = 0.05 * torch.randn(128, generator=torch.Generator().manual_seed(2)) if with_bias else None
-    weights, ids = backend.topk(_Layer(), torch.zeros(33, 8), logits, 8, True, scoring, bias,
+    weights, ids = backend.topk(_Layer(), torch.zeros(33, 8), logits, top_k, True, scoring, bias,
                                 8 if grouped else None, 4 if grouped else None)
-    want_w, want_ids, _ = oracle_topk(logits, 8, True, scoring, bias, 8 if grouped else 0, 4)
+    want_w, want_ids, _ = oracle_topk(logits, top_k, True, scoring, bias, 8 if grouped else 0, 4)
     got_w, got_ids = _canonical(weights, ids)
     want_w, want_ids = _canonical(want_w, want_ids)
     assert torch.equal(got_ids, want_ids), double.calls
@@ -349,6 +352,8 @@ def test_kernel_backends_topk_adapters(impl_id, routing):
         ("vendor.cuda", "sigmoid"): ["topk_sigmoid"],
         ("vendor.cuda", "sigmoid+bias"): ["topk_sigmoid"],
     }
+    if impl_id == "flagos" and top_k == 6 and routing != "softmax":
+        expected = {}
     assert double.calls == expected.get((impl_id, routing), [])
 
 

@@ -102,8 +102,8 @@ class FlagGemsBackend(Backend):
             # for a power-of-two top_k (H200: k=6 fails in Triton). Both: the reference math, on
             # device.
             return select_experts(router_logits, top_k, renormalize=renormalize,
-                                  scoring_func=scoring_func, num_expert_group=num_expert_group,
-                                  topk_group=topk_group)
+                                  scoring_func=scoring_func, correction_bias=correction_bias,
+                                  num_expert_group=num_expert_group, topk_group=topk_group)
         # One group of all experts when ungrouped; the kernel's scoring_func 0 takes scores as
         # they are, 1 applies the sigmoid itself. fp32 in, so the bias is not rounded to bf16.
         logits = router_logits.float()

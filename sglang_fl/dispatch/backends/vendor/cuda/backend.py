@@ -158,6 +158,8 @@ class CudaBackend(Backend):
     def fused_moe(self, obj, hidden_states, topk_weights, topk_ids):
         from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import outplace_fused_experts
 
+        if hidden_states.shape[0] == 0:  # SGLang's kernel launches an empty grid (CUDA error)
+            return hidden_states.new_empty(hidden_states.shape)
         # filter_expert: ids of experts other expert-parallel ranks hold (-1) add nothing.
         return outplace_fused_experts(hidden_states, obj.w13_weight, obj.w2_weight, topk_weights,
                                       topk_ids, filter_expert=True)
