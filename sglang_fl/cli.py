@@ -56,9 +56,20 @@ def ops_report() -> dict:
         "platform": settings.platform,
         "backends": [
             {"name": b.name, "kind": b.kind, "available": b.available,
-             "detail": b.reason, "ops": list(b.ops), "missing": b.missing}
+             "detail": b.reason, "ops": list(b.ops), "missing": b.missing,
+             "attention_backends": list(b.attention_backends)}
             for b in manager.backends.values()
         ],
+        # The vendors' attention backends (--attention-backend <name>); "excluded" says why
+        # the allow/deny vendor lists keep one out of SGLang.
+        "attention_backends": [
+            {"name": a.name, "vendor": f"vendor.{a.vendor}",
+             "excluded": manager.policy.vendor_excluded(a.vendor)}
+            for a in manager.registry.attention_backends()
+        ],
+        "attention_backend_default": (
+            {"name": settings.attention_backend, "from": settings.origins["attention_backend"]}
+            if settings.attention_backend else None),
         "ops": {},
     }
     for spec in OPS:
@@ -99,6 +110,15 @@ def cmd_ops(args) -> int:
         else:
             state = f"unavailable: {b['detail']}"
         print(f"  {b['name']:<16} {b['kind']:<9} {state}")
+    print("attention backends of vendor folders (--attention-backend <name>):")
+    for a in report["attention_backends"]:
+        state = f"not registered: {a['excluded']}" if a["excluded"] else "registered"
+        print(f"  {a['name']:<16} {a['vendor']:<16} {state}")
+    if not report["attention_backends"]:
+        print("  none")
+    default = report["attention_backend_default"]
+    if default:
+        print(f"  default when --attention-backend is unset: {default['name']} (from {default['from']})")
     print("ops:")
     ok = True
     pad = " " * 19

@@ -2,8 +2,9 @@
 
 Order matters: Settings first (a bad value must stop start-up with its message rather than be
 logged and ignored by SGLang's plugin loader), then the adapter of the installed SGLang version
-(an unsupported version stops start-up naming the installed and supported ones), then Layer 1, then the hooks of Layers 2 and 3,
-which SGLang applies right after all plugins ran. Layer 2 resolves every routed op here, so an
+(an unsupported version stops start-up naming the installed and supported ones), then Layer 1,
+the vendors' attention backends (before SGLang parses ``--attention-backend``), then the hooks
+of Layers 2 and 3, which SGLang applies right after all plugins ran. Layer 2 resolves every routed op here, so an
 op that no backend can serve under the policy (e.g. ``SGLANG_FL_STRICT=1`` with an unavailable
 preferred kind) stops start-up too, with every such op in one message.
 """
@@ -55,8 +56,15 @@ def install() -> None:
                               "before")
     enable_layer1(settings)
 
+    from sglang_fl.dispatch import get_manager
+    from sglang_fl.sglang_glue.attention import register_attention_backends
+    from sglang_fl.sglang_glue.process_report import register_process_report
+
+    register_attention_backends(get_manager())
+    register_process_report()
+
     if settings.oot_enabled:
-        from sglang_fl.dispatch import NoImplementationError, get_manager
+        from sglang_fl.dispatch import NoImplementationError
         from sglang_fl.sglang_glue.layer_hook import LayerRouter, register_layer_hook
 
         router = LayerRouter(settings, get_manager())

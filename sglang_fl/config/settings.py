@@ -140,6 +140,23 @@ def _op_backends(raw: Any, where: str) -> Mapping[str, tuple[str, ...]]:
     return MappingProxyType(result)
 
 
+_BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _attention_backend(raw: Any, where: str) -> str | None:
+    """A name as ``--attention-backend`` takes it. Whether something registered that name is
+    known only once SGLang and the vendor folders are loaded: the server checks it at start-up
+    and lists the registered ones (``sglang_fl.sglang_glue.attention``)."""
+    text = str(raw).strip() if raw is not None else ""
+    if not text:
+        return None
+    if not _BACKEND_NAME.match(text):
+        raise SettingsError(
+            f"{where}={raw!r} is not an attention backend name; accepted: lower-case letters, "
+            "digits and '_' (e.g. torch_native, triton, or a name a vendor folder registers)")
+    return text
+
+
 def _path(raw: Any, where: str) -> str | None:
     text = str(raw).strip() if raw is not None else ""
     return text or None
@@ -188,6 +205,12 @@ FIELDS: tuple[Field, ...] = (
           "Where the ATen log goes (default: FlagGems' own location)."),
     Field("flaggems_log_once", "SGLANG_FLAGGEMS_LOG_ONCE", "flaggems_log_once", _bool, True,
           "Log each ATen op once instead of every call."),
+    # Attention
+    Field("attention_backend", "SGLANG_FL_ATTENTION_BACKEND", "attention_backend",
+          _attention_backend, None,
+          "Attention backend for servers started without --attention-backend, e.g. one a vendor "
+          "folder registers (default: torch_native on CPU, triton on CUDA without flashinfer, "
+          "else SGLang's choice)."),
     # Layer 3 -- communication
     Field("dist_backend", "SGLANG_FL_DIST_BACKEND", "dist_backend", _choice(DIST_BACKENDS), None,
           "Collectives backend: nccl | hccl | flagcx | gloo (default: flagcx when FLAGCX_PATH is "
@@ -229,6 +252,7 @@ class Settings:
     flaggems_record: bool
     flaggems_log_path: str | None
     flaggems_log_once: bool
+    attention_backend: str | None
     dist_backend: str | None
     flagcx_path: str | None
     platform: str

@@ -5,6 +5,11 @@ Sources, in order: the built-in ``reference`` and ``flaggems`` backends; every
 point in the ``sglang_fl.vendors`` group (a vendor shipping its backend as its own package points
 it at a module with ``register_builtins(registry)``).
 
+A vendor's ``register_builtins`` may also register attention backends
+(``registry.register_attention_backend``); they are kept whether or not its ops are available
+(an attention backend has its own requirements) and handed to SGLang by
+``sglang_fl.sglang_glue.attention``.
+
 Each vendor registers into a registry of its own first, so that one refused by the op table
 (a mistyped op method, a wrong signature: ``verify``) or failing half-way leaves nothing behind;
 what it registered is then merged. Impls whose ``fn`` carries the upstream plugins'
@@ -14,6 +19,7 @@ backend, so ``sglang-fl ops`` can say what was found and why the rest was skippe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pkgutil
@@ -83,9 +89,17 @@ def _register_vendor(registry: OpRegistry, name: str, origin: str, load,
         return BackendStatus(impl_id, "vendor", False, f"register failed: {exc}")
     kept = [i for i in staging.all_impls()
             if getattr(i.fn, "_is_available", None) is None or i.fn._is_available()]
+    attention = staging.attention_backends()
+    try:
+        for impl in attention:
+            registry.register_attention_backend(impl)
+    except ValueError as exc:  # a name another vendor took: this vendor's attention is refused
+        logger.error("vendor backend %r: %s", name, exc)
+        attention = ()
     registry.merge(kept)
-    return _status(impl_id, "vendor", backend, tuple(sorted({i.op_name for i in kept})), origin,
-                   unavailable="is_available() returned False" if staging.all_impls() else "")
+    status = _status(impl_id, "vendor", backend, tuple(sorted({i.op_name for i in kept})), origin,
+                     unavailable="is_available() returned False" if staging.all_impls() else "")
+    return dataclasses.replace(status, attention_backends=tuple(a.name for a in attention))
 
 
 def _refusal_of_loaded_classes(package: str, impl_id: str) -> InvalidImplError | None:

@@ -41,6 +41,14 @@ class SelectionPolicy:
         order = self.kinds_for(op_name)
         return order[:1] if self.strict else order
 
+    def vendor_excluded(self, vendor: str | None) -> str:
+        """Why the allow/deny lists exclude ``vendor`` ("" when they do not)."""
+        if vendor in self.deny_vendors:
+            return f"vendor {vendor!r} in SGLANG_FL_DENY_VENDORS"
+        if self.allow_vendors and vendor not in self.allow_vendors:
+            return f"vendor {vendor!r} not in SGLANG_FL_ALLOW_VENDORS"
+        return ""
+
     def select(self, op_name: str, impls: tuple[OpImpl, ...]) -> Selection:
         order = self.kinds_for(op_name)
         kinds = self.accepted_kinds(op_name)
@@ -51,11 +59,8 @@ class SelectionPolicy:
             if kind not in kinds:
                 why = "strict: only the first kind" if kind in order else "kind not in order"
                 excluded.append((impl.impl_id, f"{why} {list(kinds)}"))
-            elif impl.kind is BackendImplKind.VENDOR and impl.vendor in self.deny_vendors:
-                excluded.append((impl.impl_id, f"vendor {impl.vendor!r} in SGLANG_FL_DENY_VENDORS"))
-            elif (impl.kind is BackendImplKind.VENDOR and self.allow_vendors
-                  and impl.vendor not in self.allow_vendors):
-                excluded.append((impl.impl_id, f"vendor {impl.vendor!r} not in SGLANG_FL_ALLOW_VENDORS"))
+            elif impl.kind is BackendImplKind.VENDOR and self.vendor_excluded(impl.vendor):
+                excluded.append((impl.impl_id, self.vendor_excluded(impl.vendor)))
             else:
                 allowed.append(impl)
         rank = {k: i for i, k in enumerate(kinds)}

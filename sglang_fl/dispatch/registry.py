@@ -1,4 +1,4 @@
-"""Thread-safe table op name -> registered OpImpls.
+"""Thread-safe table op name -> registered OpImpls, and the vendors' attention backends by name.
 
 Every impl is checked against the op table as it is registered (`verify.verify_impl`): an
 unknown op, a mistyped backend method or a signature other than the op's is refused there.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from sglang_fl.dispatch.types import OpImpl
+from sglang_fl.dispatch.types import AttentionBackendImpl, OpImpl
 from sglang_fl.dispatch.verify import verify_backend_class, verify_impl
 
 
@@ -20,10 +20,16 @@ def _origin(impl: OpImpl):
     return (impl.kind, impl.vendor, getattr(fn, "__module__", None), getattr(fn, "__qualname__", fn))
 
 
+def _origin_fn(fn):
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", fn)
+
+
 class OpRegistry:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._impls: dict[str, dict[str, OpImpl]] = {}
+        self._attention: dict[str, AttentionBackendImpl] = {}
 
     def register(self, impl: OpImpl) -> None:
         """Add one impl. Registering the same impl again is a no-op (so re-running discovery,
@@ -61,6 +67,23 @@ class OpRegistry:
                 )
             table[impl.impl_id] = impl
 
+    def register_attention_backend(self, impl: AttentionBackendImpl) -> None:
+        """Add a vendor attention backend; the same one again is a no-op, another vendor's
+        (or another factory) under a taken name is an error."""
+        if not isinstance(impl, AttentionBackendImpl):
+            raise TypeError(f"expected an AttentionBackendImpl, got {impl!r}")
+        with self._lock:
+            old = self._attention.get(impl.name)
+            if old is not None and (old.vendor, _origin_fn(old.factory)) != (
+                    impl.vendor, _origin_fn(impl.factory)):
+                raise ValueError(f"attention backend {impl.name!r} is already registered by vendor "
+                                 f"{old.vendor!r}; pick another name")
+            self._attention[impl.name] = impl
+
+    def attention_backends(self) -> tuple[AttentionBackendImpl, ...]:
+        with self._lock:
+            return tuple(self._attention.values())
+
     def impls(self, op_name: str) -> tuple[OpImpl, ...]:
         with self._lock:
             return tuple(self._impls.get(op_name, {}).values())
@@ -76,3 +99,4 @@ class OpRegistry:
     def clear(self) -> None:
         with self._lock:
             self._impls.clear()
+            self._attention.clear()

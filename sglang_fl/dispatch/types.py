@@ -6,6 +6,7 @@ A vendor registers ``OpImpl`` entries; the policy orders them by ``BackendImplKi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -64,6 +65,35 @@ class OpImpl:
         return f"{self.kind.value}({self.impl_id})"
 
 
+_ATTENTION_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class AttentionBackendImpl:
+    """An attention backend a vendor adds to the serving framework's registry, under ``name``.
+
+    ``factory(model_runner)`` returns the framework's attention-backend object (for SGLang a
+    subclass of its ``AttentionBackend``; the version adapter (``sglang_fl.sglang_glue.adapters``) names the
+    base class and SGLang's own backends). ``triton_helpers``: whether SGLang may run its Triton
+    helper kernels (KV-cache index bookkeeping) beside this backend; leave it False on a chip
+    without Triton, and SGLang takes its PyTorch paths, as it does for ``torch_native``.
+    """
+
+    name: str
+    vendor: str
+    factory: Callable[[Any], Any]
+    triton_helpers: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _ATTENTION_NAME.match(self.name):
+            raise ValueError(f"attention backend name {self.name!r} of vendor {self.vendor!r}: "
+                             "use lower-case letters, digits and '_', starting with a letter")
+        if not self.vendor:
+            raise ValueError(f"attention backend {self.name!r} must name its vendor")
+        if not callable(self.factory):
+            raise ValueError(f"attention backend {self.name!r}: factory {self.factory!r} is not callable")
+
+
 @dataclass(frozen=True)
 class BackendStatus:
     """What discovery found of one backend, for ``sglang-fl ops`` and the error messages."""
@@ -74,6 +104,7 @@ class BackendStatus:
     reason: str  # why unavailable (or refused), or where it came from
     ops: tuple[str, ...] = ()
     missing: str = ""  # for an available backend: why it lacks some of its ops here
+    attention_backends: tuple[str, ...] = ()  # names it registered (`AttentionBackendImpl`)
 
 
 class NoImplementationError(RuntimeError):

@@ -35,7 +35,11 @@ def _delegate(name: str) -> Callable:
         comm = group.__dict__.get(ATTR)
         if comm is None:
             return original(group, *args, **kwargs)
-        return getattr(comm, name)(*args, **kwargs)
+        try:
+            return getattr(comm, name)(*args, **kwargs)
+        except RuntimeError as exc:  # torch.distributed / FlagCX: say which group and call
+            comm.report_failure(name, exc)
+            raise
 
     hook.__name__ = hook.__qualname__ = f"fl_{name}"
     return hook
@@ -46,7 +50,11 @@ def _delegate_with_coordinator(name: str) -> Callable:
         comm = group.__dict__.get(ATTR)
         if comm is None:
             return original(group, *args, **kwargs)
-        return getattr(comm, name)(group, *args, **kwargs)
+        try:
+            return getattr(comm, name)(group, *args, **kwargs)
+        except RuntimeError as exc:
+            comm.report_failure(name, exc)
+            raise
 
     hook.__name__ = hook.__qualname__ = f"fl_{name}"
     return hook

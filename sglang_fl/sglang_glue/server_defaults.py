@@ -27,8 +27,9 @@ def remember_user_choices(server_args, *args, **kwargs):
     get_adapter().remember_user_choices(server_args)
 
 
-def _plan(platform: str) -> dict[str, tuple[object, str]]:
+def _plan(settings) -> dict[str, tuple[object, str]]:
     """option -> (value, why) for this platform."""
+    platform = settings.platform
     plan: dict[str, tuple[object, str]] = {}
     if platform == "cpu":
         plan["attention_backend"] = ("torch_native", "intel_amx needs sgl_kernel's CPU build")
@@ -38,6 +39,9 @@ def _plan(platform: str) -> dict[str, tuple[object, str]]:
         # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")
         plan["sampling_backend"] = ("pytorch", "flashinfer is not installed (empty mode)")
+    if settings.attention_backend is not None:  # e.g. a vendor's backend, from its platform YAML
+        plan["attention_backend"] = (settings.attention_backend,
+                                     f"attention_backend from {settings.origins['attention_backend']}")
     if importlib.util.find_spec("xgrammar") is None:  # else SGLang's scheduler dies at start
         plan["grammar_backend"] = ("none", "xgrammar is not installed")
     if platform == "cuda":
@@ -46,11 +50,12 @@ def _plan(platform: str) -> dict[str, tuple[object, str]]:
     return plan
 
 
-def apply_defaults(platform: str, server_args) -> dict[str, object]:
-    """Apply the platform's defaults to unchosen options; returns what changed."""
+def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
+    """Apply the platform's defaults to unchosen options; returns option -> (value, why) of
+    what changed."""
     chosen = get_adapter().user_choices(server_args)
     changed = {}
-    for name, (value, why) in _plan(platform).items():
+    for name, (value, why) in _plan(settings).items():
         if not hasattr(server_args, name):
             continue
         if chosen is not None and name in chosen:
@@ -58,6 +63,6 @@ def apply_defaults(platform: str, server_args) -> dict[str, object]:
         if getattr(server_args, name) == value:
             continue
         setattr(server_args, name, value)
-        changed[name] = value
+        changed[name] = (value, why)
         logger.info("server default: %s=%r (%s; pass the option to override)", name, value, why)
     return changed

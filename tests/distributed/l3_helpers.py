@@ -16,6 +16,78 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "collectives_worker.py"
 
 
+# --- servers (tests/distributed/test_tp_e2e.py, test_pp_e2e.py) -----------------------------
+
+MAX_NEW = 12
+PROMPTS = ("The server answered the question about the kernel.",
+           "Hello world, please write a small model", "Yes")
+
+
+def server_env(tp: int = 1) -> dict[str, str | None]:
+    """``launched_server`` env: inherited sglang-fl settings removed, INFO logs, and on a host
+    with fewer NUMA nodes than ``tp`` the cores of each TP rank (SGLang's CPU worker demands it;
+    every pipeline stage binds its TP ranks the same way)."""
+    env: dict[str, str | None] = {
+        k: None for k in os.environ
+        if k.startswith("SGLANG_FL_") or k in ("FLAGCX_PATH", "SGLANG_PLUGINS", "SGLANG_PLATFORM")}
+    env["SGLANG_FL_LOG_LEVEL"] = "INFO"
+    if tp > 1:
+        cores = sorted(os.sched_getaffinity(0))
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[i % len(cores)]) for i in range(tp))
+    return env
+
+
+def generate_greedy(server, prompt_ids) -> list[list[int]]:
+    body = server.post_json("/generate", {
+        "input_ids": prompt_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}})
+    return [item["output_ids"] for item in body]
+
+
+def serve_greedy(model, prompt_ids, log_path: Path, *, tp: int = 1, pp: int = 1):
+    """Greedy ids of ``launch_server --tp-size tp --pp-size pp`` for ``prompt_ids``, and its log."""
+    from sglang_fl.serving import free_port as server_port
+    from sglang_fl.serving import launched_server
+
+    args = ["--dtype", "float32", "--tp-size", str(tp), "--pp-size", str(pp)]
+    with launched_server(model, args, server_env(tp), port=server_port(), log_path=log_path,
+                         timeout=400) as srv:
+        ids = generate_greedy(srv, prompt_ids)
+    return ids, Path(log_path).read_text(errors="replace")
+
+
+def hf_greedy(model, prompt_ids) -> list[list[int]]:
+    """Ground truth independent of SGLang: HF greedy decoding of the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    want = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)).long(),
+                              max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(ids):].tolist())
+    return want
+
+
+def layer3_counts(log: str, group: str, method: str) -> dict[int, int]:
+    """rank in ``group`` -> the highest count of ``method`` CommunicatorFL logged for it (it logs
+    each count that is a power of two; ``first`` is 1)."""
+    import re
+
+    counts: dict[int, int] = {}
+    pattern = re.compile(rf"\b{re.escape(group)} rank (\d+): (?:first {method}|{method} call (\d+)) "
+                         r"through CommunicatorFL")
+    for m in pattern.finditer(log):
+        rank, n = int(m.group(1)), int(m.group(2) or 1)
+        counts[rank] = max(counts.get(rank, 0), n)
+    return counts
+
+
+# --- processes --------------------------------------------------------------------------------
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -55,6 +55,11 @@ def test_ops_json_on_this_cpu_explains_every_choice():
     assert backends["reference"]["available"]
     assert not backends["flagos"]["available"] and "flag_gems" in backends["flagos"]["detail"]
     assert backends["vendor.template"]["detail"].startswith("template backend")
+    # no ops, but its example attention backend, which needs nothing but SGLang
+    assert backends["vendor.template"]["attention_backends"] == ["template_native"]
+    assert data["attention_backends"] == [
+        {"name": "template_native", "vendor": "vendor.template", "excluded": ""}]
+    assert data["attention_backend_default"] is None
     assert list(data["ops"]) == list(OP_NAMES)  # every op of the table
     for spec in OPS:
         entry = data["ops"][spec.name]

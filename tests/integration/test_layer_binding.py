@@ -124,33 +124,86 @@ def test_aten_record_filter_keeps_layer1_calls_only():
     assert ns["result"] is False
 
 
+def user_input(args):
+    """What SGLang keeps of the user's input before it fills device defaults: 0.5.11 runs the
+    post-init hook, 0.5.23's resolution snapshots the raw fields."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+    from sglang_fl.sglang_glue.server_defaults import remember_user_choices
+
+    if get_adapter().SERVER_ARGS_POST_INIT:
+        remember_user_choices(args)
+    else:
+        import msgspec
+
+        args._raw_input = {f.name: getattr(args, f.name) for f in msgspec.structs.fields(args)}
+    return args
+
+
 def test_server_defaults_only_touch_what_the_user_left_unset(sglang_with_plugin):
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_fl.sglang_glue.adapters import get_adapter
-    from sglang_fl.sglang_glue.server_defaults import (
-        CPU_MAX_TOTAL_TOKENS,
-        apply_defaults,
-        remember_user_choices,
-    )
+    from sglang_fl.sglang_glue.server_defaults import CPU_MAX_TOTAL_TOKENS, apply_defaults
 
-    def user_input(args):
-        """What SGLang keeps of the user's input before it fills device defaults: 0.5.11 runs
-        the post-init hook, 0.5.23's resolution snapshots the raw fields."""
-        if get_adapter().SERVER_ARGS_POST_INIT:
-            remember_user_choices(args)
-        else:
-            import msgspec
-
-            args._raw_input = {f.name: getattr(args, f.name) for f in msgspec.structs.fields(args)}
-        return args
-
+    cpu = build_settings(env={}, detect_platform=lambda: "cpu")
     args = user_input(ServerArgs(model_path="dummy", max_total_tokens=2048))
     args.attention_backend = "intel_amx"  # what SGLang fills in on device=cpu
-    changed = apply_defaults("cpu", args)
+    changed = apply_defaults(cpu, args)
     assert args.attention_backend == "torch_native" and args.disable_cuda_graph is True
     assert args.max_total_tokens == 2048 and "max_total_tokens" not in changed
     args = user_input(ServerArgs(model_path="dummy", attention_backend="intel_amx"))
-    apply_defaults("cpu", args)
+    apply_defaults(cpu, args)
     assert args.attention_backend == "intel_amx"  # the user's explicit choice stays
     assert args.max_total_tokens == CPU_MAX_TOTAL_TOKENS
+
+    # A platform YAML's (here: env's) attention_backend replaces sglang-fl's own default, and
+    # is said where it came from; an explicit --attention-backend still wins.
+    vendor = build_settings(env={"SGLANG_FL_ATTENTION_BACKEND": "template_native"},
+                            detect_platform=lambda: "cpu")
+    args = user_input(ServerArgs(model_path="dummy"))
+    changed = apply_defaults(vendor, args)
+    assert args.attention_backend == "template_native"
+    assert "SGLANG_FL_ATTENTION_BACKEND" in changed["attention_backend"][1]
+    args = user_input(ServerArgs(model_path="dummy", attention_backend="torch_native"))
+    apply_defaults(vendor, args)
+    assert args.attention_backend == "torch_native"
+
+
+def test_vendor_attention_backend_is_registered_with_sglang(sglang_with_plugin):
+    """The template vendor's example is in SGLang's registry and argparse choices, runs none
+    of SGLang's Triton helpers, and builds SGLang's torch_native backend."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
+    from sglang.srt.utils.common import support_triton
+
+    assert "template_native" in ATTENTION_BACKENDS and "template_native" in ATTENTION_BACKEND_CHOICES
+    assert support_triton("template_native") is False
+    # SGLang's own answer for its own names (0.5.11: True; 0.5.23 also asks the platform: False
+    # on CPU)
+    assert support_triton("triton") is support_triton.__wrapped__("triton")
+
+
+def test_unknown_attention_backend_is_refused_with_the_registered_names(sglang_with_plugin):
+    """What ``ServerArgs.__post_init__`` runs for a real model (a "dummy" one returns early)."""
+    from sglang.srt.platforms import current_platform
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fl.sglang_glue.attention import (
+        UnknownAttentionBackendError,
+        check_attention_backends,
+    )
+    from sglang_fl.sglang_glue.server_defaults import apply_defaults
+
+    args = user_input(ServerArgs(model_path="dummy", attention_backend="no_such_backend"))
+    with pytest.raises(UnknownAttentionBackendError) as err:
+        current_platform.apply_server_args_defaults(args)
+    msg = str(err.value)
+    assert "--attention-backend 'no_such_backend' (from the server arguments)" in msg
+    assert "torch_native" in msg and "template_native (vendor.template)" in msg
+
+    # A platform YAML (here: env) naming a backend nothing registered: the message says where.
+    settings = build_settings(env={"SGLANG_FL_ATTENTION_BACKEND": "my_chip_attn"},
+                              detect_platform=lambda: "cpu")
+    args = user_input(ServerArgs(model_path="dummy"))
+    changed = apply_defaults(settings, args)
+    with pytest.raises(UnknownAttentionBackendError, match="from env SGLANG_FL_ATTENTION_BACKEND"):
+        check_attention_backends(args, {k: why for k, (_, why) in changed.items()})

@@ -266,3 +266,26 @@ def test_skipped_says_why_an_available_backend_lacks_an_op():
                                    missing="sgl_kernel is not installed"))
     assert ("vendor.cuda", "vendor", "implements no silu_and_mul here (sgl_kernel is not installed)") \
         in m.skipped("silu_and_mul")
+
+
+def test_attention_backends_register_by_name_once_and_the_vendor_lists_apply():
+    from sglang_fl.dispatch.types import AttentionBackendImpl
+
+    def factory(runner):
+        return runner
+
+    def other(runner):
+        return runner
+
+    reg = OpRegistry()
+    impl = AttentionBackendImpl("chip_attn", vendor="chip", factory=factory)
+    reg.register_attention_backend(impl)
+    reg.register_attention_backend(AttentionBackendImpl("chip_attn", "chip", factory))  # re-run
+    assert reg.attention_backends() == (impl,)
+    with pytest.raises(ValueError, match="already registered by vendor 'chip'"):
+        reg.register_attention_backend(AttentionBackendImpl("chip_attn", "rival", other))
+    with pytest.raises(ValueError, match="lower-case letters"):
+        AttentionBackendImpl("Chip-Attn", "chip", factory)
+    policy = SelectionPolicy(op_backends={}, default_order=("flagos",), deny_vendors=("chip",))
+    assert "SGLANG_FL_DENY_VENDORS" in policy.vendor_excluded("chip")
+    assert SelectionPolicy(op_backends={}, default_order=("flagos",)).vendor_excluded("chip") == ""

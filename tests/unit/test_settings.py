@@ -53,6 +53,7 @@ def test_env_beats_user_yaml_beats_platform_yaml(field, tmp_path):
         "flaggems_log_path": ("/tmp/x", "/tmp/y", None), "flaggems_log_once": ("0", True, None),
         "dist_backend": ("flagcx", "nccl", None), "flagcx_path": ("/opt/a", "/opt/b", None),
         "log_level": ("DEBUG", "WARNING", None),
+        "attention_backend": ("triton", "my_chip_attn", None),
     }
     env_value, yaml_value, _ = samples[field.name]
     cfg = tmp_path / "user.yaml"
@@ -111,6 +112,8 @@ def test_flagcx_path_implies_flagcx_backend():
     ({"SGLANG_FL_LOG_LEVEL": "LOUD"}, ["SGLANG_FL_LOG_LEVEL", "'LOUD'", "DEBUG"]),
     ({"SGLANG_FL_CONFIG": "/nonexistent/x.yaml"}, ["SGLANG_FL_CONFIG", "/nonexistent/x.yaml", "does not exist"]),
     ({"SGLANG_FL_ALLOW_VENDORS": "cuda", "SGLANG_FL_DENY_VENDORS": "cuda"}, ["cuda", "allowed", "denied"]),
+    ({"SGLANG_FL_ATTENTION_BACKEND": "My Attn"}, ["SGLANG_FL_ATTENTION_BACKEND", "'My Attn'",
+                                                  "lower-case letters, digits and '_'"]),
 ])
 def test_bad_env_values_name_the_variable_the_value_and_the_choices(env, needles):
     with pytest.raises(SettingsError) as err:
@@ -126,6 +129,7 @@ def test_bad_env_values_name_the_variable_the_value_and_the_choices(env, needles
     ("op_backends:\n  rms_norm: [gpu]\n", ["op_backends.rms_norm", "'gpu'", "flagos, vendor, reference"]),
     ("oot_whitelist: [RMSNorm]\noot_blacklist: [SiluAndMul]\n", ["mutually exclusive"]),
     ("!!python/object/apply:os.system ['echo pwned']\n", ["not valid YAML"]),
+    ("attention_backend: torch-native\n", ["attention_backend", "'torch-native'", "lower-case"]),
 ])
 def test_bad_yaml_names_the_key_and_the_file(tmp_path, text, needles):
     cfg = tmp_path / "bad.yaml"

@@ -175,6 +175,74 @@ class SGLangAdapter:
         ps = self.module("parallel_state")
         return ps._split_tensor_dict, ps.TensorMetadata, ps.P2PWork
 
+    # -- attention backends ---------------------------------------------------------------------
+    # SGLang keeps its attention backends in ``ATTENTION_BACKENDS`` (name -> factory(model_runner)),
+    # checks ``--attention-backend`` against the list ``ATTENTION_BACKEND_CHOICES`` (argparse
+    # choices, extended by ``add_attention_backend_choices``), and asks ``support_triton(name)`` --
+    # by name, not by backend object -- whether its Triton helper kernels may run beside it.
+    SUPPORT_TRITON_TARGET = "sglang.srt.utils.common.support_triton"
+    ATTENTION_BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend",
+                                 "decode_attention_backend")
+
+    def attention_backend_registry(self) -> dict:
+        """SGLang's own name -> factory table (module-level dict, shared by every caller)."""
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        return ATTENTION_BACKENDS
+
+    def add_attention_backend(self, name: str, factory) -> None:
+        """Make ``name`` a backend ``--attention-backend`` accepts and the model runner builds."""
+        from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+        self.attention_backend_registry()[name] = factory
+        if name not in ATTENTION_BACKEND_CHOICES:
+            add_attention_backend_choices([name])
+
+    def create_sglang_attention_backend(self, name: str, model_runner):
+        """One of SGLang's own attention backends, built as SGLang builds it (what a vendor
+        backend delegates to; the template's example does for ``torch_native``)."""
+        return self.attention_backend_registry()[name](model_runner)
+
+    def attention_backend_base(self) -> type:
+        """The class every SGLang attention backend derives from."""
+        from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+        return AttentionBackend
+
+    # -- a dead server process ------------------------------------------------------------------
+    # A scheduler or detokenizer that fails sends SIGQUIT to launch_server, whose handler (this
+    # method, once the server runs) kills the process tree. ``SubprocessWatchdog`` polls the
+    # children each second and sends SIGQUIT for one that died without a word (SIGKILL, OOM
+    # killer), but a peer that noticed the death first (a broken pipeline or collective) usually
+    # wins the race, and then no line names the dead process.
+    SIGQUIT_HANDLER_TARGET = ("sglang.srt.managers.tokenizer_manager.SignalHandler."
+                              "running_phase_sigquit_handler")
+
+    def _pp_tp_rank_ranges(self, server_args):
+        """(pp ranks, tp ranks) this node runs, in launch order."""
+        from sglang.srt.entrypoints.engine import _calculate_rank_ranges
+
+        pp, tp, _, _ = _calculate_rank_ranges(server_args.nnodes, server_args.pp_size,
+                                              server_args.tp_size, server_args.node_rank)
+        return pp, tp
+
+    def server_children(self, signal_handler) -> list[tuple[str, object]]:
+        """``(label, multiprocessing.Process)`` of each scheduler and the detokenizer, labelled
+        as SGLang's watchdog labels them (``scheduler_1``), plus the stage (``PP1 TP0``) where
+        one data-parallel rank runs them all in launch order (pp outer, tp inner)."""
+        manager = signal_handler.tokenizer_manager
+        watchdog = getattr(manager, "_subprocess_watchdog", None)
+        if watchdog is None:
+            return []
+        names, procs = list(watchdog._names), list(watchdog._processes)
+        args = manager.server_args
+        if args.dp_size == 1:
+            pp_ranks, tp_ranks = self._pp_tp_rank_ranges(args)
+            stages = [f"PP{pp} TP{tp}" for pp in pp_ranks for tp in tp_ranks]
+            names = [f"{name} ({stages[i]})" if name.startswith("scheduler_") and i < len(stages)
+                     else name for i, name in enumerate(names)]
+        return list(zip(names, procs, strict=True))
+
     # -- SGLang bug fixes (compat/fixes.py) -----------------------------------------------------
     def request_time_stats_class(self) -> type:
         return self.module("req_time_stats").APIServerReqTimeStats

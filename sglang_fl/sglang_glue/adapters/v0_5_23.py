@@ -134,4 +134,12 @@ class SGLang0523(SGLangAdapter):
         return StandardTopKOutput(topk_weights, topk_ids, router_logits)
 
 
+    def _pp_tp_rank_ranges(self, server_args):
+        # 0.5.23 reads the widths from the published parallel context; only the node is passed.
+        from sglang.srt.entrypoints.engine import _calculate_rank_ranges
+
+        pp, tp, _, _ = _calculate_rank_ranges(server_args.node_rank)
+        return pp, tp
+
+
 ADAPTER = SGLang0523()

@@ -16,7 +16,13 @@
    routings (e.g. softmax, ungrouped) runs the others with
    ``sglang_fl.dispatch.backends.reference.select_experts`` (see ``vendor/cuda``).
 
-This template registers nothing: ``is_available()`` is always False.
+4. Attention (optional): an attention backend is registered by name from ``register_ops.py``
+   with ``registry.register_attention_backend(AttentionBackendImpl(...))``; see
+   ``attention.py``, and ``attention_backend: <name>`` in the platform YAML to make it the
+   platform's default.
+
+This template registers no ops (``is_available()`` is always False) and one attention backend,
+``template_native``, which delegates to SGLang's ``torch_native``.
 """
 
 from __future__ import annotations
