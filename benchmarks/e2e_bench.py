@@ -51,9 +51,17 @@ _OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "
         "topk", "fused_moe")
 
 
-def _every_op(kinds):
-    """SGLANG_FL_PER_OP pinning every op (a per-op list in the platform YAML beats PREFER)."""
-    return ";".join(f"{op}={kinds}" for op in _OPS)
+def _every_op(kind):
+    """SGLANG_FL_PER_OP pinning every op that ``kind`` implements to it (a per-op list in the
+    platform YAML beats PREFER). An op the kind has no method for (FlagGems has no mRoPE) is
+    left to the platform YAML: pinning it would stop the server at start-up, as it should for
+    a user who asks for an implementation that does not exist."""
+    from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
+    from sglang_fl.dispatch.backends.reference import ReferenceBackend
+
+    cls = {"flagos": FlagGemsBackend, "reference": ReferenceBackend}.get(kind)
+    ops = [op for op in _OPS if cls is None or callable(getattr(cls, op, None))]
+    return ";".join(f"{op}={kind}" for op in ops)
 
 
 _TUNED = ("rms_norm=vendor|flagos|reference;rotary_embedding=vendor|flagos|reference;"
@@ -70,18 +78,21 @@ CONFIGS = {
     "fl-defaults": {},
 }
 
-def _prefill_graph_off() -> list[str]:
-    """The prefill (piecewise) CUDA graph off, spelled as the installed SGLang spells it."""
+def _version_args() -> list[str]:
+    """The prefill (piecewise) CUDA graph off and the decode graph's batch cap, spelled as the
+    installed SGLang spells them."""
     from sglang_fl.sglang_glue.adapters import get_adapter
 
-    option, value = get_adapter().PREFILL_GRAPH_OFF
+    adapter = get_adapter()
+    option, value = adapter.PREFILL_GRAPH_OFF
     flag = "--" + option.replace("_", "-")
-    return [flag] if value is True else [flag, str(value)]
+    return [*([flag] if value is True else [flag, str(value)]),
+            "--" + adapter.DECODE_GRAPH_MAX_BS.replace("_", "-"), "32"]
 
 
 SERVER_ARGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch",
-    "--cuda-graph-max-bs", "32", "--max-running-requests", "64",
+    "--max-running-requests", "64",
     "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
     "--skip-server-warmup", "--sleep-on-idle",
     # Several servers share the GPU: SGLang sizes its KV cache from the free memory it sees
@@ -233,7 +244,7 @@ def main(argv=None):
     if args.server_args is not None:
         SERVER_ARGS[:] = shlex.split(args.server_args)
     else:
-        SERVER_ARGS[4:4] = _prefill_graph_off()  # after the attention/sampling backends
+        SERVER_ARGS[4:4] = _version_args()  # after the attention/sampling backends
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
 
     t0 = time.time()

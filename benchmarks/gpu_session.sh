@@ -63,7 +63,7 @@ print({p: version(p) for p in ("torch", "triton", "sglang", "flag_gems", "sglang
 print("cuda", torch.version.cuda, torch.cuda.get_device_name())
 import sglang_fl.compat as c; c.activate()
 import sgl_kernel, sgl_kernel.elementwise as e
-print("sgl_kernel", sgl_kernel.__file__, "flashinfer routing:", e._has_flashinfer,
+print("sgl_kernel", getattr(sgl_kernel, "__file__", "(stand-in)"), "flashinfer routing:", getattr(e, "_has_flashinfer", None),
       "stand-ins:", c.state.standins)
 EOF
 }

@@ -58,6 +58,13 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    (`fixes`); dispatched ones stay, an abort still needs them (cf. sgl-project/sglang#34894).
    Upstream: sgl-project/sglang#28694 (not in 0.5.11) cleans up on pre-dispatch failures; no
    fix found for the ``n > 1`` states. Remove when the supported SGLang has both.
+11. ``swap:is_cuda`` (SGLang 0.5.23, ``layers/dual_gemm.py``) -- every Qwen2/Llama MLP builds a
+   ``DualGemm`` whose mode check imports its CuTe-DSL Blackwell kernel (``import cutlass``) on
+   any CUDA host; without nvidia-cutlass-dsl (a 0.5.23 requirement that empty-mode bundles and
+   non-NVIDIA images leave out) model construction fails. How: when ``cutlass`` is absent, that
+   module's ``is_cuda`` is rebound to answer no, so SGLang keeps the separate gate/up GEMM and
+   SiluAndMul it uses everywhere else (and on Hopper). Seen on the H200 on 2026-12-01.
+   Upstream: none. Remove when SGLang guards that import.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -141,6 +148,9 @@ LEDGER: tuple[Patch, ...] = (
           "wrap generate_request after import: drop this request's undispatched states when it "
           "ends", "sgl-project/sglang#28694 (pre-dispatch failures); none found for n>1",
           "the supported SGLang frees both itself"),
+    Patch("swap:is_cuda", "0.5.23's DualGemm imports its CuTe-DSL kernel (cutlass) on any CUDA "
+          "host while building each MLP", "rebind dual_gemm.is_cuda to answer no when cutlass "
+          "is absent", "none", "SGLang guards the cutlass import"),
 )
 
 # sgl_kernel modules that decide at import whether to call flashinfer (ledger entry 7).
@@ -261,6 +271,9 @@ def activate() -> None:
         supported = False
     if supported:
         fixes.install()  # SGLang bug fixes: every install, stand-ins or not
+        from sglang_fl.compat import swaps
+
+        swaps.install(_absent)  # native swaps, each only where the package it needs is absent
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
@@ -269,10 +282,6 @@ def activate() -> None:
         missing.append("torchvision")
     if not missing:
         return
-    if "tvm_ffi" in missing and supported:
-        from sglang_fl.compat import swaps
-
-        swaps.install()
     finder = StandinFinder(
         {p: STANDIN_PACKAGES[p] for p in missing},
         on_exec={"sgl_kernel": _define_moe_fused_gate},

@@ -24,9 +24,14 @@ def native_swaps():
     return get_adapter().NATIVE_SWAPS
 
 
-def apply_swaps(module) -> None:
-    """Rebind every swap of ``module`` whose global is not already the native twin."""
-    for swap in native_swaps():
+#: The swaps `install` armed: those whose ``needs`` package is absent on this host.
+armed: list = []
+
+
+def apply_swaps(module, swaps=None) -> None:
+    """Rebind every swap of ``module`` (of ``swaps``, default all of the adapter's) whose
+    global is not already the native twin."""
+    for swap in native_swaps() if swaps is None else swaps:
         if swap.module != module.__name__:
             continue
         needed = swap.attr if swap.replacement is not None else swap.native
@@ -43,8 +48,10 @@ def apply_swaps(module) -> None:
                          swap.native or swap.replacement.__name__)
 
 
-def install() -> None:
+def install(absent) -> None:
+    """Arm the swaps whose ``needs`` package is absent (``absent(name) -> bool``)."""
     from sglang_fl.compat.module_hooks import add_hook
 
-    for module in dict.fromkeys(s.module for s in native_swaps()):
-        add_hook(module, after=apply_swaps)
+    armed[:] = [s for s in native_swaps() if absent(s.needs)]
+    for module in dict.fromkeys(s.module for s in armed):
+        add_hook(module, after=lambda m: apply_swaps(m, armed))

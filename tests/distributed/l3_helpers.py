@@ -23,17 +23,21 @@ PROMPTS = ("The server answered the question about the kernel.",
            "Hello world, please write a small model", "Yes")
 
 
-def server_env(tp: int = 1) -> dict[str, str | None]:
-    """``launched_server`` env: inherited sglang-fl settings removed, INFO logs, and on a host
-    with fewer NUMA nodes than ``tp`` the cores of each TP rank (SGLang's CPU worker demands it;
-    every pipeline stage binds its TP ranks the same way)."""
+def server_env(tp: int = 1, pp: int = 1) -> dict[str, str | None]:
+    """``launched_server`` env: inherited sglang-fl settings removed, INFO logs, and the cores
+    of each worker in SGLANG_CPU_OMP_THREADS_BIND (SGLang's CPU worker demands it on a host with
+    fewer NUMA nodes than workers; how many groups it wants is the SGLang version's business:
+    one per TP rank in 0.5.11, one per TP x PP worker in 0.5.23)."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
     env: dict[str, str | None] = {
         k: None for k in os.environ
         if k.startswith("SGLANG_FL_") or k in ("FLAGCX_PATH", "SGLANG_PLUGINS", "SGLANG_PLATFORM")}
     env["SGLANG_FL_LOG_LEVEL"] = "INFO"
-    if tp > 1:
+    groups = get_adapter().cpu_omp_bind_groups(tp, pp)
+    if groups > 1:
         cores = sorted(os.sched_getaffinity(0))
-        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[i % len(cores)]) for i in range(tp))
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[i % len(cores)]) for i in range(groups))
     return env
 
 
@@ -50,7 +54,7 @@ def serve_greedy(model, prompt_ids, log_path: Path, *, tp: int = 1, pp: int = 1)
     from sglang_fl.serving import launched_server
 
     args = ["--dtype", "float32", "--tp-size", str(tp), "--pp-size", str(pp)]
-    with launched_server(model, args, server_env(tp), port=server_port(), log_path=log_path,
+    with launched_server(model, args, server_env(tp, pp), port=server_port(), log_path=log_path,
                          timeout=400) as srv:
         ids = generate_greedy(srv, prompt_ids)
     return ids, Path(log_path).read_text(errors="replace")

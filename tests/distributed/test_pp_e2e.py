@@ -35,7 +35,7 @@ def pp2(tiny_model, prompt_ids, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("pp2") / "server-pp2.log"
     args = ["--dtype", "float32", "--pp-size", "2"]
-    with launched_server(tiny_model, args, server_env(), port=free_port(), log_path=log,
+    with launched_server(tiny_model, args, server_env(pp=2), port=free_port(), log_path=log,
                          timeout=400) as srv:
         yield srv, generate_greedy(srv, prompt_ids)
 

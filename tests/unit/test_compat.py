@@ -386,3 +386,39 @@ def test_fixes_are_installed_on_a_full_install_too():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_swaps_are_armed_only_where_the_package_they_stand_for_is_absent(monkeypatch):
+    """A host with tvm_ffi keeps SGLang's JIT kernels; one without cutlass (0.5.23's dual GEMM)
+    gets only the swaps that need cutlass."""
+    pytest.importorskip("sglang")
+    from sglang_fl.compat import module_hooks
+
+    monkeypatch.setattr(module_hooks, "add_hook", lambda *a, **k: None)
+    monkeypatch.setattr(swaps, "armed", [])
+    needs = {s.needs for s in swaps.native_swaps()}
+    for absent in needs:
+        swaps.install(lambda name, absent=absent: name == absent)
+        assert swaps.armed and {s.needs for s in swaps.armed} == {absent}
+    swaps.install(lambda name: False)
+    assert swaps.armed == []
+
+
+def test_dual_gemm_swap_keeps_sglang_off_its_cutlass_kernel():
+    """SGLang 0.5.23: with the swap, DualGemm's mode check answers 'not CUDA' and never imports
+    the CuTe-DSL kernel (which needs nvidia-cutlass-dsl)."""
+    swap = next((s for s in swaps.native_swaps() if s.needs == "cutlass"), None)
+    if swap is None:
+        pytest.skip("this SGLang version builds no DualGemm")
+    import importlib
+
+    dg = importlib.import_module(swap.module)
+    saved = dg.is_cuda
+    try:
+        dg.is_cuda = lambda: True  # what a CUDA host answers
+        swaps.apply_swaps(dg, [swap])
+        assert dg.is_cuda() is False
+        gemm = object.__new__(dg.DualGemm)
+        assert gemm._select_mode(gate_up_proj=None, hidden_size=64) is None
+    finally:
+        dg.is_cuda = saved

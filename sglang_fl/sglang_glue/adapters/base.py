@@ -37,6 +37,8 @@ class NativeSwap:
     attr: str  # the hard-wired global the module's own code calls
     native: str  # SGLang's native twin in the same module, or "" when `replacement` is given
     replacement: Any = None  # a callable used instead of a twin
+    #: The package whose absence breaks SGLang's hard-wired path (the swap applies only then).
+    needs: str = "tvm_ffi"
 
 
 #: Where `SGLangAdapter.remember_user_choices` keeps the options the user set.
@@ -47,6 +49,13 @@ def _jit_store_cache_unavailable(*row_bytes: int) -> bool:
     """memory_pool asks ``can_use_store_cache`` before its JIT KV-store kernel, which compiles
     through apache-tvm-ffi; without it the answer is no, and SGLang takes its own index-put path
     (the same one it takes for unsupported row sizes) without calling the tvm_ffi stand-in."""
+    return False
+
+
+def _no_cute_dsl_dual_gemm() -> bool:
+    """dual_gemm asks ``is_cuda()`` before importing its CuTe-DSL (Blackwell) kernel, which
+    needs nvidia-cutlass-dsl; without it the answer is no, and SGLang keeps the separate
+    gate/up GEMM and SiluAndMul it uses on every other platform (and on Hopper)."""
     return False
 
 
@@ -148,6 +157,8 @@ class SGLangAdapter:
     # -- server defaults -------------------------------------------------------------------------
     #: The server option (and value) that turns the prefill CUDA graph off.
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+    #: The option capping the batch sizes captured by the decode CUDA graph.
+    DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
 
     def remember_user_choices(self, server_args) -> None:
         """At ``ServerArgs`` construction: which options differ from their dataclass default."""
@@ -217,6 +228,11 @@ class SGLangAdapter:
     # wins the race, and then no line names the dead process.
     SIGQUIT_HANDLER_TARGET = ("sglang.srt.managers.tokenizer_manager.SignalHandler."
                               "running_phase_sigquit_handler")
+
+    def cpu_omp_bind_groups(self, tp_size: int, pp_size: int = 1) -> int:
+        """How many ``|``-separated core groups SGLANG_CPU_OMP_THREADS_BIND must hold: here one
+        per TP rank (indexed by tp_rank; every pipeline stage reuses them)."""
+        return tp_size
 
     def _pp_tp_rank_ranges(self, server_args):
         """(pp ranks, tp ranks) this node runs, in launch order."""

@@ -36,6 +36,7 @@ from sglang_fl.sglang_glue.adapters.base import (
     NativeSwap,
     SGLangAdapter,
     _jit_store_cache_unavailable,
+    _no_cute_dsl_dual_gemm,
 )
 
 
@@ -60,10 +61,19 @@ class SGLang0523(SGLangAdapter):
                    _clamp_position_native),
         NativeSwap("sglang.srt.mem_cache.memory_pool", "can_use_store_cache", "",
                    _jit_store_cache_unavailable),
+        # Qwen2/Llama MLPs build a DualGemm whose mode check imports cutlass on any CUDA host.
+        NativeSwap("sglang.srt.layers.dual_gemm", "is_cuda", "", _no_cute_dsl_dual_gemm,
+                   needs="cutlass"),
     )
     SERVER_ARGS_POST_INIT = None
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
+    # Split per phase; the old name is now an ambiguous argparse prefix.
+    DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs_decode"
+
+    def cpu_omp_bind_groups(self, tp_size: int, pp_size: int = 1) -> int:
+        # One per worker process, indexed by its gpu_id (pp_rank * tp_size + tp_rank).
+        return tp_size * pp_size
 
     def remember_user_choices(self, server_args) -> None:  # no post-init hook in this version
         return None
