@@ -10,7 +10,8 @@
 #   flagcx   build FlagCX (a source tree at $FLAGCX_SRC, default wheels/flagcx: v0.13.0, made
 #            with `git archive`) against torch's NCCL wheel; sets FLAGCX_PATH for later stages
 #   jit      pre-build SGLang's JIT CUDA kernels in parallel (benchmarks/jit_prebuild.py)
-#   tests    pytest tests/gpu (FlagCX cases run when FLAGCX_PATH is set)
+#   tests    pytest -v tests/gpu (FlagCX cases run when FLAGCX_PATH is set; -v so that a run cut
+#            by TESTS_TIMEOUT still names each test and its outcome in gpu-tests.log)
 #   repro    tools/repro_flaggems_rope_race.py: FlagGems' in-place RoPE race, and the cost of
 #            sglang-fl's out-of-place workaround -> $OUT/rope-repro.txt, $OUT/rope-timing.json
 #   emptymode  uninstall sglang-kernel and apache-tvm-ffi (empty mode), then
@@ -103,7 +104,7 @@ stage_jit() {
 stage_tests() {
   log "tests/gpu"
   args "${PYTEST_ARGS:-}"
-  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider \
+  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest tests/gpu -m gpu -v -p no:cacheprovider \
     -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" "${ARGS[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
 }
 
