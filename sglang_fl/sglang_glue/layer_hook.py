@@ -94,3 +94,27 @@ def register_layer_hook(router: LayerRouter) -> None:
 
     router.adapter.register_hook(router.adapter.DISPATCH_HOOK_TARGET, around_dispatch_forward,
                                  "around")
+    register_module_routes(router)
+
+
+def register_module_routes(router: LayerRouter) -> None:
+    """Route the adapter's ``MODULE_ROUTES`` (plain ``nn.Module`` classes) through ``router``:
+    their ``forward`` binds each instance on its first call, as the dispatch hook binds a fused
+    op, and then calls what it bound (ledger entry ``route:RMSNormGated``)."""
+    for class_name in router.adapter.MODULE_ROUTES:
+        cls = router.adapter.layer_class(class_name)
+        native = cls.forward
+        if getattr(native, "__sglang_fl_routed__", False):
+            continue
+
+        def forward(self, *args, _native=native, **kwargs):
+            bound = self.__dict__.get("_forward_method")
+            if bound is None:
+                bound = router.bind(self, _native.__get__(self))
+                if bound is not None and router.route_for(type(self)) is None:
+                    self.__dict__["_forward_method"] = bound  # left to SGLang: call it directly
+            return bound(*args, **kwargs)
+
+        forward.__sglang_fl_routed__ = True
+        forward.__wrapped__ = native
+        cls.forward = forward

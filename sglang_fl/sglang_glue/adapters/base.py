@@ -86,7 +86,11 @@ class SGLangAdapter:
         "MRotaryEmbedding": "sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",
         "TopK": "sglang.srt.layers.moe.topk:TopK",
         "UnquantizedFusedMoEMethod": "sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",
+        "RMSNormGated": "sglang.srt.layers.attention.fla.layernorm_gated:RMSNorm",
     }
+    #: Routed classes that are plain ``nn.Module``s, not fused ops: the dispatch hook never
+    #: sees them, so their ``forward`` is wrapped instead (ledger ``route:RMSNormGated``).
+    MODULE_ROUTES: tuple[str, ...] = ("RMSNormGated",)
     #: Methods a subclass must not override for the base's bridge to stay correct.
     FORWARD_METHODS = ("forward", "forward_native", "forward_cuda")
 
@@ -146,6 +150,8 @@ class SGLangAdapter:
         return self.resolve(self.KERNELS[name])
 
     # -- server defaults -------------------------------------------------------------------------
+    #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
+    MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
     #: The server option (and value) that turns the prefill CUDA graph off.
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
 
