@@ -333,6 +333,7 @@ def _hybrid_config(spec: TinyModelSpec, vocab: dict[str, int], common: dict):
         head_dim=spec.head_size,
         layer_types=["full_attention" if (i + 1) % spec.full_attention_interval == 0
                      else "linear_attention" for i in range(spec.num_layers)],
+        full_attention_interval=spec.full_attention_interval,  # SGLang reads this one
         linear_conv_kernel_dim=4,
         linear_num_key_heads=spec.linear_num_key_heads,
         linear_num_value_heads=spec.linear_num_value_heads,

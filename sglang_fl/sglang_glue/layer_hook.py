@@ -76,7 +76,9 @@ class LayerRouter:
         if route is None:
             return native
         resolved = self.manager.resolve(route.op_name)
-        class_name = type(layer).__name__
+        # A plain-module route is logged by its routed name (SGLang's FLA norm is also "RMSNorm").
+        class_name = (route.class_name if route.class_name in self.adapter.MODULE_ROUTES
+                      else type(layer).__name__)
         log_path = self.settings.dispatch_log
         make_bridge = bridge_for(route.op_name)
 
