@@ -64,7 +64,9 @@ class LayerRouter:
                 logger.debug("%s overrides %s of %s: left to SGLang", cls.__name__, overridden,
                              base.__name__)
                 return None
-            if not self.settings.routes_class((route.class_name, cls.__name__)):
+            names = ((route.class_name,) if route.class_name in self.adapter.MODULE_ROUTES
+                     else (route.class_name, cls.__name__))  # FLA's "RMSNorm" is not RMSNorm
+            if not self.settings.routes_class(names):
                 logger.debug("%s not routed (SGLANG_FL_OOT_* settings)", cls.__name__)
                 return None
             return route

@@ -22,10 +22,13 @@ class LayerRoute:
 
     class_path: str  # "module:ClassName"
     op_name: str
+    #: The name users and logs know it by, where it differs from the class's own
+    #: (SGLang's FLA gated norm is a class named ``RMSNorm``: ``RMSNormGated``).
+    name: str = ""
 
     @property
     def class_name(self) -> str:
-        return self.class_path.rsplit(":", 1)[1]
+        return self.name or self.class_path.rsplit(":", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class SGLangAdapter:
 
     def layer_routes(self, ops) -> tuple[LayerRoute, ...]:
         """The routes of the op table ``ops`` in this version."""
-        return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name)
+        return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name, name)
                      for spec in ops for name in spec.serves)
 
     def sglang_forward_choice(self, layer):
