@@ -14,7 +14,9 @@ Each `OpSpec` in `OPS` says, for one op:
   that version's adapter's business (``sglang_glue/adapters``); subclasses that keep the
   forward methods follow their nearest served class;
 - ``tolerance``: per output dtype, how close an implementation must come to the reference in
-  the numerics tests.
+  the numerics tests;
+- ``called_as``: for an op that SGLang calls as a function rather than through a layer class
+  (the Gated DeltaNet kernels), the SGLang entry points routed to it.
 
 Everything else reads this table: Settings validates op and class names against it, backend
 registration checks every implementation against ``signature`` (``verify.py``), the SGLang glue
@@ -74,6 +76,9 @@ class OpSpec:
     #: version had ``rms_norm(obj, x, residual=None)``).
     optional: tuple[str, ...] = ()
     adapt_short: Callable[[Callable], Callable] | None = None
+    #: For an op SGLang calls as a function, not through a layer class (``serves`` empty): the
+    #: SGLang kernel entry points routed to it (``sglang_glue/gdn.py``), for ``sglang-fl ops``.
+    called_as: tuple[str, ...] = ()
 
     @functools.cached_property
     def parameters(self) -> tuple[inspect.Parameter, ...]:
@@ -174,6 +179,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "g = -exp(A_log) * softplus(a + dt_bias) (softplus with beta/threshold as "
             "torch.nn.functional.softplus, in fp32), beta = sigmoid(b) rounded to b's dtype."),
         serves=(),
+        called_as=("torch.ops.sgl_kernel.fused_gdn_gating_cpu",),
         tolerance=ROUNDING,
     ),
     OpSpec(
@@ -190,6 +196,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "S_t = exp(g_t) S_{t-1} + beta_t (v_t - exp(g_t) S_{t-1} k_t) k_t^T, "
             "out_t = S_t q_t. Inputs are not modified."),
         serves=(),
+        called_as=("sgl_kernel.mamba.chunk_gated_delta_rule_cpu",),
         tolerance=GDN_TOLERANCE,
     ),
     OpSpec(
@@ -204,6 +211,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "[slots, HV, V, K]; a negative index starts from zeros and is not written) and "
             "writing its final state there, in place, in the pool's dtype."),
         serves=(),
+        called_as=("torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu",),
         tolerance=GDN_TOLERANCE,
     ),
     OpSpec(
@@ -219,6 +227,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "activation is 'silu'/'swish' (None: none). Each slot receives its sequence's last "
             "width - 1 inputs (state included), in place."),
         serves=(),
+        called_as=("sgl_kernel.mamba.causal_conv1d_fn_cpu",),
     ),
     OpSpec(
         name="causal_conv1d_update",
@@ -231,6 +240,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "slot when None), which is shifted in place; a negative index is a padded row "
             "(output zeros, no state touched)."),
         serves=(),
+        called_as=("sgl_kernel.mamba.causal_conv1d_update_cpu",),
     ),
     OpSpec(
         name="rms_norm_gated",

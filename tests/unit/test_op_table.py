@@ -40,7 +40,7 @@ def test_every_entry_is_complete_and_consistent():
     for spec in OPS:
         params = spec.parameters
         assert params[0].name == "obj", spec.name
-        assert spec.serves and all(name.isidentifier() for name in spec.serves), spec.name
+        assert (spec.serves or spec.called_as) and all(name.isidentifier() for name in spec.serves), spec.name
         assert spec.contract, spec.name
         tail = [p.name for p in params[len(params) - len(spec.optional):]] if spec.optional else []
         assert tail == list(spec.optional), f"{spec.name}: optional parameters must be trailing"
