@@ -43,6 +43,7 @@ def _plan(settings) -> dict[str, tuple[object, str]]:
         plan["max_total_tokens"] = (CPU_MAX_TOTAL_TOKENS, "SGLang would size the KV pool from host RAM")
         plan["max_mamba_cache_size"] = (CPU_MAX_MAMBA_CACHE_SIZE,
                                         "SGLang would size the hybrid models' state pool from host RAM")
+        plan.update(get_adapter().CPU_HYBRID_DEFAULTS)
     elif platform == "cuda" and not real_module_available("flashinfer")[0]:
         # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")

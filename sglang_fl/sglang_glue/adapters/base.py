@@ -153,6 +153,8 @@ class SGLangAdapter:
         return self.resolve(self.KERNELS[name])
 
     # -- server defaults -------------------------------------------------------------------------
+    #: CPU server defaults of this version for hybrid (Mamba/GDN) models: option -> (value, why).
+    CPU_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
     #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
     MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
     #: The server option (and value) that turns the prefill CUDA graph off.

@@ -19,11 +19,15 @@ What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
 - The JIT CUDA kernels moved from ``sglang.jit_kernel`` to ``sglang.kernels.ops``;
   ``clamp_position`` is now a fused op with a JIT backend, imported into forward_batch_info,
   and ``overlap_utils`` no longer calls a JIT kernel.
+- The FLA kernels (``layernorm_gated.RMSNorm``, the GDN output norm) moved from
+  ``sglang.srt.layers.attention.fla`` to ``sglang.kernels.ops.attention.fla``.
 - ``GroupCoordinator.all_gatherv`` takes an ``output`` buffer (CommunicatorFL accepts it).
 - ``ServerArgs`` is a msgspec Struct: a hook on its ``__post_init__`` never runs (msgspec binds
   it when the type is made), fields are ``msgspec.structs.fields``, and resolution keeps the
   user's input in ``_raw_input`` while it declares defaults (a platform's
   ``apply_server_args_defaults`` gets a recorder that reads through to the record).
+- ``--mamba-scheduler-strategy`` became ``--mamba-radix-cache-strategy``, whose ``auto`` picks
+  ``extra_buffer`` (unsupported on CPU) whenever overlap scheduling is on.
 - ``--disable-piecewise-cuda-graph`` is gone (tc_piecewise removed); prefill CUDA graphs are
   ``--cuda-graph-backend-prefill breakable|full|disabled``.
 - ``initialize_model_parallel`` reads the group widths from the published parallel context
@@ -55,6 +59,11 @@ class SGLang0523(SGLangAdapter):
             "sglang.kernels.ops.attention.rope:apply_rope_with_cos_sin_cache_inplace",
         "triton_mrope_fused": "sglang.kernels.ops.attention.rotary_triton:triton_mrope_fused",
     }
+    LAYER_CLASSES = {
+        **SGLangAdapter.LAYER_CLASSES,
+        # The FLA kernels moved under sglang.kernels.ops.
+        "RMSNormGated": "sglang.kernels.ops.attention.fla.layernorm_gated:RMSNorm",
+    }
     NATIVE_SWAPS = (
         NativeSwap("sglang.srt.model_executor.forward_batch_info", "clamp_position", "",
                    _clamp_position_native),
@@ -62,6 +71,15 @@ class SGLang0523(SGLangAdapter):
                    _jit_store_cache_unavailable),
     )
     SERVER_ARGS_POST_INIT = None
+    # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
+    # refuses it on CPU (no state snapshots there): a hybrid model would not start.
+    # no_buffer then needs overlap scheduling off (0.5.11 turns it off on CPU itself).
+    CPU_HYBRID_DEFAULTS = {
+        "mamba_radix_cache_strategy": ("no_buffer", "the extra-buffer mamba cache needs state "
+                                       "snapshots, which SGLang supports on accelerators only"),
+        "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
+                                     "support overlap scheduling"),
+    }
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
 
