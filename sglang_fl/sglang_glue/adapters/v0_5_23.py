@@ -58,6 +58,15 @@ class SGLang0523(SGLangAdapter):
         "apply_rope_with_cos_sin_cache_inplace":
             "sglang.kernels.ops.attention.rope:apply_rope_with_cos_sin_cache_inplace",
         "triton_mrope_fused": "sglang.kernels.ops.attention.rotary_triton:triton_mrope_fused",
+        # Gated DeltaNet (FLA Triton kernels, Triton causal conv1d), moved under sglang.kernels
+        "chunk_gated_delta_rule": "sglang.kernels.ops.attention.fla.chunk:chunk_gated_delta_rule",
+        "fused_sigmoid_gating_delta_rule_update":
+            "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent:"
+            "fused_sigmoid_gating_delta_rule_update",
+        "fused_gdn_gating": "sglang.kernels.ops.attention.linear.fused_gdn_gating:fused_gdn_gating",
+        "causal_conv1d_fn": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_fn",
+        "causal_conv1d_update": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_update",
+        "rms_norm_gated": "sglang.kernels.ops.attention.fla.layernorm_gated:rms_norm_gated",
     }
     LAYER_CLASSES = {
         **SGLangAdapter.LAYER_CLASSES,
