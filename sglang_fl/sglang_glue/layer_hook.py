@@ -39,9 +39,11 @@ class LayerRouter:
         self._route_of_class = dict(self._routes)
 
     def routed_ops(self) -> tuple[str, ...]:
-        """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied)."""
-        return tuple(dict.fromkeys(route.op_name for _, route in self._routes
-                                   if self.settings.routes_class((route.class_name,))))
+        """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied),
+        and the ops SGLang calls as functions (``called_as``), in the op table's order."""
+        routed = {route.op_name for _, route in self._routes
+                  if self.settings.routes_class((route.class_name,))}
+        return tuple(spec.name for spec in OPS if spec.name in routed or spec.called_as)
 
     def resolve_routed_ops(self) -> None:
         """Resolve every routed op now, at plugin load, so a configuration that cannot be met
