@@ -27,9 +27,9 @@ def _spans(cu_seqlens, total: int) -> list[tuple[int, int]]:
         return [(0, total)]
     bounds = [int(v) for v in cu_seqlens.tolist()]
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != total or any(
-            b < a for a, b in zip(bounds, bounds[1:])):
+            b < a for a, b in zip(bounds, bounds[1:], strict=False)):
         raise ValueError(f"cu_seqlens {bounds} must rise from 0 to the token count {total}")
-    return list(zip(bounds, bounds[1:]))
+    return list(zip(bounds, bounds[1:], strict=False))
 
 
 def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
