@@ -277,8 +277,12 @@ def test_sglang_cpu_entry_points_reach_the_ops(sglang_with_plugin):
 
 
 def test_sglang_fla_gated_norm_is_routed(sglang_with_plugin):
-    from sglang.srt.layers.attention.fla.layernorm_gated import RMSNorm, rms_norm_ref
+    import sys
 
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    RMSNorm = get_adapter().layer_class("RMSNormGated")  # noqa: N806 - SGLang's FLA norm
+    rms_norm_ref = sys.modules[RMSNorm.__module__].rms_norm_ref
     norm = RMSNorm(16, eps=1e-6)
     with torch.no_grad():
         norm.weight.normal_()

@@ -153,6 +153,9 @@ class SGLangAdapter:
         return self.resolve(self.KERNELS[name])
 
     # -- server defaults -------------------------------------------------------------------------
+    #: sgl_kernel CPU ops this version's Qwen3.5/3.6 model module looks up at import that empty
+    #: mode does not provide: while any is listed, SGLang skips that model on CPU.
+    CPU_HYBRID_MISSING_OPS: tuple[str, ...] = ()
     #: CPU server defaults of this version for hybrid (Mamba/GDN) models: option -> (value, why).
     CPU_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
     #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
