@@ -248,11 +248,13 @@ def _define_moe_fused_gate(module) -> None:
 
 def _define_gdn_ops(lib) -> None:
     """Ledger entry 11: the sgl_kernel GDN CPU ops, backed by sglang-fl's GDN ops."""
-    from sglang_fl.sglang_glue import gdn
+    from sglang_fl.sglang_glue import gdn, qwen3_5_cpu
 
-    for name, schema in gdn.TORCH_OP_SCHEMAS.items():
-        lib.define(schema)
-        lib.impl(name, gdn.TORCH_OPS[name], "CompositeExplicitAutograd")
+    for schemas, impls in ((gdn.TORCH_OP_SCHEMAS, gdn.TORCH_OPS),
+                           (qwen3_5_cpu.SCHEMAS, qwen3_5_cpu.TORCH_OPS)):
+        for name, schema in schemas.items():
+            lib.define(schema)
+            lib.impl(name, impls[name], "CompositeExplicitAutograd")
 
 
 def _provide_mamba_functions(module) -> None:

@@ -76,15 +76,26 @@ def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None,
 
 def chunk_gated_delta_rule_cpu(q, k, v, g, beta, scale=None, initial_state=None,
                                output_final_state=True, cu_seqlens=None, head_first=False,
-                               use_qk_l2norm_in_kernel=False, **extras):
+                               use_qk_l2norm_in_kernel=False, initial_state_indices=None,
+                               **extras):
     """-> (out, final_state, None): SGLang's CPU extend takes a third value (per-chunk states,
-    which only its state tracking for the radix cache's extra buffer reads)."""
+    which only its state tracking for the radix cache's extra buffer reads).
+
+    SGLang 0.5.11 passes the sequences' states (``ssm_states[cache_indices]``) and writes the
+    final ones back itself; 0.5.23 passes the whole pool with ``initial_state_indices`` and
+    expects it updated in place, as the kernel's GPU twin does."""
+    extras.pop("inplace_update", None)  # the CPU kernel always writes back (SGLang checks it)
     _refuse_extras("chunk_gated_delta_rule_cpu", extras)
     if head_first:
         raise ValueError("chunk_gated_delta_rule_cpu: head_first=True is not supported; "
                          "q/k/v must be [1, T, heads, dim]")
+    pool = None
+    if initial_state_indices is not None:
+        pool, initial_state = initial_state, initial_state[initial_state_indices.long()]
     out, final = _call("chunk_gated_delta_rule", "chunk_gated_delta_rule_cpu", q, k, v, g, beta,
                        initial_state, cu_seqlens, scale, bool(use_qk_l2norm_in_kernel))
+    if pool is not None:
+        pool[initial_state_indices.long()] = final.to(pool.dtype)
     return out, (final if output_final_state else None), None
 
 

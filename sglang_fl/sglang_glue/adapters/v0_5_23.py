@@ -82,12 +82,6 @@ class SGLang0523(SGLangAdapter):
     SERVER_ARGS_POST_INIT = None
     # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
     # refuses it on CPU (no state snapshots there): a hybrid model would not start.
-    # qwen3_5.py binds four fused CPU kernels of sgl_kernel at import (sigmoid-gated output, the
-    # q/k Gemma norms with and without the gate split, the q/k/v/z/b/a split): not provided yet,
-    # so SGLang's model registry skips Qwen3_5ForConditionalGeneration in empty mode on CPU.
-    CPU_HYBRID_MISSING_OPS = ("fused_sigmoid_mul_cpu", "fused_qk_gemma_rmsnorm_cpu",
-                              "fused_qk_gemma_rmsnorm_with_gate_cpu",
-                              "fused_qkvzba_split_reshape_cat_contiguous_cpu")
     # no_buffer then needs overlap scheduling off (0.5.11 turns it off on CPU itself).
     CPU_HYBRID_DEFAULTS = {
         "mamba_radix_cache_strategy": ("no_buffer", "the extra-buffer mamba cache needs state "
