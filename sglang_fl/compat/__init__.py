@@ -1,5 +1,5 @@
 """The compat ledger: what sglang-fl changes so SGLang imports and serves without its CUDA-only
-packages (empty mode, entries 1-9 and 11-12), and the SGLang bugs it fixes on every install (``fix:``).
+packages (empty mode, entries 1-9 and 11-13), and the SGLang bugs it fixes on every install (``fix:``).
 
 This file is the ledger. Every patch sglang-fl applies to SGLang's environment is listed in
 `LEDGER`, one entry each, with why it exists, how it is done, its upstream status and when it
@@ -74,6 +74,12 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    same router as a fused op (op ``rms_norm_gated``, OOT white/blacklist name
    ``RMSNormGated``). Upstream: none. Remove when SGLang makes it a fused op (then it is an
    ordinary ``LAYER_CLASSES`` route).
+13. ``swap:cpu-triton`` -- SGLang 0.5.23's ``qwen2_moe`` gates shared experts (Qwen2/3-MoE,
+   Qwen3.5-MoE) with a Triton kernel whenever the gate is not AMX-packed, so on a CPU without
+   AMX as well, where Triton has no driver. How: on the CPU platform, rebind
+   ``fused_gate_sigmoid_mul`` / ``fused_gate_sigmoid_mul_add`` to the unfused math after the
+   module runs (the adapter's ``CPU_NATIVE_SWAPS``, `swaps`). Upstream: none. Remove when SGLang
+   checks for a Triton device before taking that path.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -161,6 +167,9 @@ LEDGER: tuple[Patch, ...] = (
           "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
           "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "
           "GDN ops", "none", "SGLang guards its sgl_kernel imports"),
+    Patch("swap:cpu-triton", "qwen2_moe gates shared experts with a Triton kernel on CPUs "
+          "without AMX too", "rebind to the unfused math on the CPU platform (CPU_NATIVE_SWAPS)",
+          "none", "SGLang checks for a Triton device first"),
     Patch("route:RMSNormGated", "the FLA gated RMSNorm is a plain nn.Module (no dispatch hook) "
           "and runs Triton on CPU", "wrap its forward to bind through the Layer-2 router",
           "none", "SGLang makes it a fused op"),
@@ -304,6 +313,10 @@ def activate() -> None:
         supported = False
     if supported:
         fixes.install()  # SGLang bug fixes: every install, stand-ins or not
+        if _platform() == "cpu":
+            from sglang_fl.compat import swaps
+
+            swaps.install(jit=False, cpu=True)  # ledger entry 13
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]

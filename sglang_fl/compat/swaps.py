@@ -18,10 +18,14 @@ logger = logging.getLogger("sglang_fl.compat")
 applied: list[str] = []
 
 
+_cpu = False  # install(cpu=True) adds the adapter's CPU_NATIVE_SWAPS
+
+
 def native_swaps():
     from sglang_fl.sglang_glue.adapters import get_adapter
 
-    return get_adapter().NATIVE_SWAPS
+    adapter = get_adapter()
+    return adapter.NATIVE_SWAPS + (adapter.CPU_NATIVE_SWAPS if _cpu else ())
 
 
 def apply_swaps(module) -> None:
@@ -43,8 +47,20 @@ def apply_swaps(module) -> None:
                          swap.native or swap.replacement.__name__)
 
 
-def install() -> None:
-    from sglang_fl.compat.module_hooks import add_hook
+_hooked: set[str] = set()
 
-    for module in dict.fromkeys(s.module for s in native_swaps()):
-        add_hook(module, after=apply_swaps)
+
+def install(jit: bool = True, cpu: bool = False) -> None:
+    """Hook the modules of the JIT swaps (``jit``: apache-tvm-ffi absent) and, on the CPU
+    platform, of the CPU swaps."""
+    global _cpu
+    from sglang_fl.compat.module_hooks import add_hook
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    _cpu = _cpu or cpu
+    wanted = (adapter.NATIVE_SWAPS if jit else ()) + (adapter.CPU_NATIVE_SWAPS if cpu else ())
+    for module in dict.fromkeys(s.module for s in wanted):
+        if module not in _hooked:
+            _hooked.add(module)
+            add_hook(module, after=apply_swaps)

@@ -42,6 +42,20 @@ class NativeSwap:
     replacement: Any = None  # a callable used instead of a twin
 
 
+def shared_expert_gate_native(hidden_states, gate_weight, shared_output):
+    """``sigmoid(hidden_states @ gate_weight) * shared_output``: the gated shared-expert output,
+    as SGLang's unfused path computes it (``sigmoid(shared_expert_gate(x)) * shared_output``)."""
+    import torch.nn.functional as F
+
+    gate = F.linear(hidden_states, gate_weight.reshape(1, -1))
+    return F.sigmoid(gate) * shared_output
+
+
+def shared_expert_gate_add_native(hidden_states, gate_weight, shared_output, final_hidden_states):
+    """In place: ``final_hidden_states += shared_expert_gate_native(...)``."""
+    final_hidden_states += shared_expert_gate_native(hidden_states, gate_weight, shared_output)
+
+
 #: Where `SGLangAdapter.remember_user_choices` keeps the options the user set.
 USER_CHOICES_ATTR = "_sglang_fl_user_choices"
 
@@ -105,6 +119,9 @@ class SGLangAdapter:
 
     #: Native swaps applied when apache-tvm-ffi is absent (ledger ``swap:*``).
     NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
+    #: Native swaps applied on the CPU platform: module globals SGLang binds to a Triton kernel
+    #: that it then calls on CPU too (ledger ``swap:cpu-triton``).
+    CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
 
     #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
     #: ``topk`` op does not express: a call passing any of them keeps SGLang's forward.

@@ -21,6 +21,8 @@ What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
   and ``overlap_utils`` no longer calls a JIT kernel.
 - The FLA kernels (``layernorm_gated.RMSNorm``, the GDN output norm) moved from
   ``sglang.srt.layers.attention.fla`` to ``sglang.kernels.ops.attention.fla``.
+- ``qwen2_moe`` gates shared experts with a Triton kernel unless the gate is AMX-packed, so on
+  a CPU without AMX too: rebound to the unfused math on CPU (``CPU_NATIVE_SWAPS``).
 - ``GroupCoordinator.all_gatherv`` takes an ``output`` buffer (CommunicatorFL accepts it).
 - ``ServerArgs`` is a msgspec Struct: a hook on its ``__post_init__`` never runs (msgspec binds
   it when the type is made), fields are ``msgspec.structs.fields``, and resolution keeps the
@@ -40,6 +42,8 @@ from sglang_fl.sglang_glue.adapters.base import (
     NativeSwap,
     SGLangAdapter,
     _jit_store_cache_unavailable,
+    shared_expert_gate_add_native,
+    shared_expert_gate_native,
 )
 
 
@@ -78,6 +82,14 @@ class SGLang0523(SGLangAdapter):
                    _clamp_position_native),
         NativeSwap("sglang.srt.mem_cache.memory_pool", "can_use_store_cache", "",
                    _jit_store_cache_unavailable),
+    )
+    # Qwen2/3-MoE-style shared experts (Qwen3.5-MoE too) gate their output with a Triton kernel
+    # whenever the gate is not AMX-packed, i.e. on every CPU without AMX as well.
+    CPU_NATIVE_SWAPS = (
+        NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul", "",
+                   shared_expert_gate_native),
+        NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul_add", "",
+                   shared_expert_gate_add_native),
     )
     SERVER_ARGS_POST_INIT = None
     # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
