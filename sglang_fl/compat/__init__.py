@@ -74,7 +74,7 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    same router as a fused op (op ``rms_norm_gated``, OOT white/blacklist name
    ``RMSNormGated``). Upstream: none. Remove when SGLang makes it a fused op (then it is an
    ordinary ``LAYER_CLASSES`` route).
-13. ``swap:cpu-triton`` -- SGLang 0.5.23's ``qwen2_moe`` gates shared experts (Qwen2/3-MoE,
+13. ``swap:fused_gate_sigmoid_mul`` / ``swap:fused_gate_sigmoid_mul_add`` -- SGLang 0.5.23's ``qwen2_moe`` gates shared experts (Qwen2/3-MoE,
    Qwen3.5-MoE) with a Triton kernel whenever the gate is not AMX-packed, so on a CPU without
    AMX as well, where Triton has no driver. How: on the CPU platform, rebind
    ``fused_gate_sigmoid_mul`` / ``fused_gate_sigmoid_mul_add`` to the unfused math after the
@@ -167,9 +167,12 @@ LEDGER: tuple[Patch, ...] = (
           "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
           "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "
           "GDN ops", "none", "SGLang guards its sgl_kernel imports"),
-    Patch("swap:cpu-triton", "qwen2_moe gates shared experts with a Triton kernel on CPUs "
-          "without AMX too", "rebind to the unfused math on the CPU platform (CPU_NATIVE_SWAPS)",
-          "none", "SGLang checks for a Triton device first"),
+    Patch("swap:fused_gate_sigmoid_mul", "qwen2_moe (0.5.23) gates shared experts with a "
+          "Triton kernel on CPUs without AMX too", "rebind to the unfused math on the CPU "
+          "platform (CPU_NATIVE_SWAPS)", "none", "SGLang checks for a Triton device first"),
+    Patch("swap:fused_gate_sigmoid_mul_add", "as swap:fused_gate_sigmoid_mul, adding into the "
+          "routed experts' output", "rebind to the unfused math on the CPU platform "
+          "(CPU_NATIVE_SWAPS)", "none", "SGLang checks for a Triton device first"),
     Patch("route:RMSNormGated", "the FLA gated RMSNorm is a plain nn.Module (no dispatch hook) "
           "and runs Triton on CPU", "wrap its forward to bind through the Layer-2 router",
           "none", "SGLang makes it a fused op"),

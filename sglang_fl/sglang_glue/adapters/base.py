@@ -120,7 +120,7 @@ class SGLangAdapter:
     #: Native swaps applied when apache-tvm-ffi is absent (ledger ``swap:*``).
     NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
     #: Native swaps applied on the CPU platform: module globals SGLang binds to a Triton kernel
-    #: that it then calls on CPU too (ledger ``swap:cpu-triton``).
+    #: that it then calls on CPU too (ledger ``swap:fused_gate_sigmoid_mul*``).
     CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
 
     #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
