@@ -65,7 +65,10 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    ``causal_conv1d_update_cpu`` / ``chunk_gated_delta_rule_cpu``. How: when sgl_kernel is a
    stand-in, the two are defined as real ``torch.library`` ops and the three set on the
    ``sgl_kernel.mamba`` stand-in, all calling sglang-fl's GDN ops (``sglang_glue/gdn.py``), so
-   they dispatch like any routed op. Upstream: none (the CPU kernels are in sgl_kernel's CPU
+   they dispatch like any routed op. SGLang 0.5.23's Qwen3.5 module also binds four fused CPU
+   ops at import (``fused_sigmoid_mul_cpu``, ``fused_qk_gemma_rmsnorm[_with_gate]_cpu``,
+   ``fused_qkvzba_split_reshape_cat_contiguous_cpu``), defined the same way
+   (``sglang_glue/qwen3_5_cpu.py``). Upstream: none (the CPU kernels are in sgl_kernel's CPU
    build only). Remove with 1.
 12. ``route:RMSNormGated`` -- SGLang's FLA ``layernorm_gated.RMSNorm`` (the GDN output norm) is
    a plain ``nn.Module``, not a fused op, so the Layer-2 dispatch hook never sees it, and on a

@@ -291,3 +291,38 @@ def test_sglang_fla_gated_norm_is_routed(sglang_with_plugin):
     assert norm.__dict__["_forward_method"] is not None  # bound through the router
     torch.testing.assert_close(got, rms_norm_ref(x, norm.weight, None, z=z, eps=1e-6),
                                **_tol("rms_norm_gated"))
+
+
+def test_qwen3_5_fused_cpu_ops_equal_the_unfused_math(sglang_with_plugin):
+    """The four fused CPU ops SGLang 0.5.23's Qwen3.5 module binds at import (empty mode)."""
+    ops = torch.ops.sgl_kernel
+    gen = torch.Generator().manual_seed(13)
+    tokens, heads, kv_heads, hd = 3, 4, 2, 8
+    qw, kw = torch.randn(hd, generator=gen), torch.randn(hd, generator=gen)
+
+    def gemma(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)).to(x.dtype)
+
+    q, k = torch.randn(tokens, heads * hd, generator=gen), torch.randn(tokens, kv_heads * hd, generator=gen)
+    qn, kn = ops.fused_qk_gemma_rmsnorm_cpu(q, k, qw, kw, 1e-6, hd)
+    torch.testing.assert_close(qn, gemma(q.view(-1, hd), qw))
+    torch.testing.assert_close(kn, gemma(k.view(-1, hd), kw))
+    q_gate = torch.randn(tokens, heads * 2 * hd, generator=gen)
+    qn, kn, gate = ops.fused_qk_gemma_rmsnorm_with_gate_cpu(q_gate, k, qw, kw, 1e-6, hd, heads)
+    q_only, g_only = q_gate.view(tokens, heads, 2 * hd).chunk(2, dim=-1)
+    torch.testing.assert_close(qn, gemma(q_only.reshape(-1, hd), qw))
+    assert torch.equal(gate, g_only)
+    x = torch.randn(tokens, heads * hd, generator=gen)
+    want = x * torch.sigmoid(g_only).reshape(x.shape)
+    ops.fused_sigmoid_mul_cpu(x, g_only)
+    torch.testing.assert_close(x, want)
+    nk, nv, dk, dv = 2, 4, 8, 4
+    qkvz = torch.randn(tokens, 2 * nk * dk + 2 * nv * dv, generator=gen)
+    ba = torch.randn(tokens, 2 * nv, generator=gen)
+    mixed, z, b, a = ops.fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz, ba, nk, nv, dk, dv)
+    assert torch.equal(mixed, qkvz[:, :2 * nk * dk + nv * dv])
+    assert torch.equal(z, qkvz[:, 2 * nk * dk + nv * dv:].view(tokens, nv, dv))
+    assert torch.equal(b, ba[:, :nv]) and torch.equal(a, ba[:, nv:])
+    with pytest.raises(ValueError, match="qkvz"):
+        ops.fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz[:, 1:], ba, nk, nv, dk, dv)
