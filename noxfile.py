@@ -75,11 +75,12 @@ DEVICE_ARGS = {
 
 # What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
 # GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
-# ids equal HF and the [OOT-DISPATCH] lines (dense and MoE); the rest of tests/e2e (server
+# ids equal HF and the [OOT-DISPATCH] lines (dense, MoE and the Qwen3.5 hybrids); the rest of tests/e2e (server
 # variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
-                       "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py")
+                       "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
+                       "tests/e2e/test_hybrid_server.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:

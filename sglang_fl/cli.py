@@ -78,6 +78,7 @@ def ops_report() -> dict:
         entry = {
             "signature": spec.describe(),
             "serves": list(spec.class_names),
+            "called_as": list(spec.called_as),
             "routed": [c for c in spec.class_names if settings.routes_class((c,))],
             "order": list(manager.policy.kinds_for(op)),
             "order_from": (f"op_backends ({settings.origins['op_backends']})"
@@ -127,6 +128,8 @@ def cmd_ops(args) -> int:
               f"(from {e['order_from']})")
         not_routed = [c for c in e["serves"] if c not in e["routed"]]
         serves = ", ".join(e["serves"]) + (f" (not routed: {', '.join(not_routed)})" if not_routed else "")
+        if e.get("called_as") and not e["serves"]:
+            serves = "SGLang's " + ", ".join(e["called_as"])
         print(f"{pad}serves: {serves}; signature: {e['signature']}")
         print(f"{pad}candidates: {', '.join(e['candidates']) or '-'}")
         for s in e["skipped"]:

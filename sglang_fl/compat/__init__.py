@@ -1,5 +1,5 @@
 """The compat ledger: what sglang-fl changes so SGLang imports and serves without its CUDA-only
-packages (empty mode, entries 1-7), and the SGLang bugs it fixes on every install (``fix:``).
+packages (empty mode, entries 1-9 and 11-13), and the SGLang bugs it fixes on every install (``fix:``).
 
 This file is the ledger. Every patch sglang-fl applies to SGLang's environment is listed in
 `LEDGER`, one entry each, with why it exists, how it is done, its upstream status and when it
@@ -58,7 +58,32 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    (`fixes`); dispatched ones stay, an abort still needs them (cf. sgl-project/sglang#34894).
    Upstream: sgl-project/sglang#28694 (not in 0.5.11) cleans up on pre-dispatch failures; no
    fix found for the ``n > 1`` states. Remove when the supported SGLang has both.
-11. ``swap:is_cuda`` (SGLang 0.5.23, ``layers/dual_gemm.py``) -- every Qwen2/Llama MLP builds a
+11. ``ops:sgl_kernel-gdn-cpu`` -- on CPU, SGLang's Gated DeltaNet backend (Qwen3-Next,
+   Qwen3.5/3.6) looks up ``torch.ops.sgl_kernel.fused_gdn_gating_cpu`` and
+   ``fused_sigmoid_gating_delta_rule_update_cpu`` at import (a stand-in cannot answer a
+   ``torch.ops`` lookup) and calls ``sgl_kernel.mamba.causal_conv1d_fn_cpu`` /
+   ``causal_conv1d_update_cpu`` / ``chunk_gated_delta_rule_cpu``. How: when sgl_kernel is a
+   stand-in, the two are defined as real ``torch.library`` ops and the three set on the
+   ``sgl_kernel.mamba`` stand-in, all calling sglang-fl's GDN ops (``sglang_glue/gdn.py``), so
+   they dispatch like any routed op. SGLang 0.5.23's Qwen3.5 module also binds four fused CPU
+   ops at import (``fused_sigmoid_mul_cpu``, ``fused_qk_gemma_rmsnorm[_with_gate]_cpu``,
+   ``fused_qkvzba_split_reshape_cat_contiguous_cpu``), defined the same way
+   (``sglang_glue/qwen3_5_cpu.py``). Upstream: none (the CPU kernels are in sgl_kernel's CPU
+   build only). Remove with 1.
+12. ``route:RMSNormGated`` -- SGLang's FLA ``layernorm_gated.RMSNorm`` (the GDN output norm) is
+   a plain ``nn.Module``, not a fused op, so the Layer-2 dispatch hook never sees it, and on a
+   CPU without AMX its forward runs a Triton kernel. How: its ``forward`` is wrapped
+   (``sglang_glue/layer_hook.py``, ``register_module_routes``) to bind each instance through the
+   same router as a fused op (op ``rms_norm_gated``, OOT white/blacklist name
+   ``RMSNormGated``). Upstream: none. Remove when SGLang makes it a fused op (then it is an
+   ordinary ``LAYER_CLASSES`` route).
+13. ``swap:fused_gate_sigmoid_mul`` / ``swap:fused_gate_sigmoid_mul_add`` -- SGLang 0.5.23's ``qwen2_moe`` gates shared experts (Qwen2/3-MoE,
+   Qwen3.5-MoE) with a Triton kernel whenever the gate is not AMX-packed, so on a CPU without
+   AMX as well, where Triton has no driver. How: on the CPU platform, rebind
+   ``fused_gate_sigmoid_mul`` / ``fused_gate_sigmoid_mul_add`` to the unfused math after the
+   module runs (the adapter's ``CPU_NATIVE_SWAPS``, `swaps`). Upstream: none. Remove when SGLang
+   checks for a Triton device before taking that path.
+14. ``swap:is_cuda`` (SGLang 0.5.23, ``layers/dual_gemm.py``) -- every Qwen2/Llama MLP builds a
    ``DualGemm`` whose mode check imports its CuTe-DSL Blackwell kernel (``import cutlass``) on
    any CUDA host; without nvidia-cutlass-dsl (a 0.5.23 requirement that empty-mode bundles and
    non-NVIDIA images leave out) model construction fails. How: when ``cutlass`` is absent, that
@@ -148,6 +173,19 @@ LEDGER: tuple[Patch, ...] = (
           "wrap generate_request after import: drop this request's undispatched states when it "
           "ends", "sgl-project/sglang#28694 (pre-dispatch failures); none found for n>1",
           "the supported SGLang frees both itself"),
+    Patch("ops:sgl_kernel-gdn-cpu", "SGLang's CPU GDN backend looks up torch.ops.sgl_kernel "
+          "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
+          "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "
+          "GDN ops", "none", "SGLang guards its sgl_kernel imports"),
+    Patch("swap:fused_gate_sigmoid_mul", "qwen2_moe (0.5.23) gates shared experts with a "
+          "Triton kernel on CPUs without AMX too", "rebind to the unfused math on the CPU "
+          "platform (CPU_NATIVE_SWAPS)", "none", "SGLang checks for a Triton device first"),
+    Patch("swap:fused_gate_sigmoid_mul_add", "as swap:fused_gate_sigmoid_mul, adding into the "
+          "routed experts' output", "rebind to the unfused math on the CPU platform "
+          "(CPU_NATIVE_SWAPS)", "none", "SGLang checks for a Triton device first"),
+    Patch("route:RMSNormGated", "the FLA gated RMSNorm is a plain nn.Module (no dispatch hook) "
+          "and runs Triton on CPU", "wrap its forward to bind through the Layer-2 router",
+          "none", "SGLang makes it a fused op"),
     Patch("swap:is_cuda", "0.5.23's DualGemm imports its CuTe-DSL kernel (cutlass) on any CUDA "
           "host while building each MLP", "rebind dual_gemm.is_cuda to answer no when cutlass "
           "is absent", "none", "SGLang guards the cutlass import"),
@@ -230,6 +268,26 @@ def _define_moe_fused_gate(module) -> None:
 
     lib.impl("moe_fused_gate", moe_fused_gate, "CompositeExplicitAutograd")
     _torch_libs.append(lib)
+    _define_gdn_ops(lib)
+
+
+def _define_gdn_ops(lib) -> None:
+    """Ledger entry 11: the sgl_kernel GDN CPU ops, backed by sglang-fl's GDN ops."""
+    from sglang_fl.sglang_glue import gdn, qwen3_5_cpu
+
+    for schemas, impls in ((gdn.TORCH_OP_SCHEMAS, gdn.TORCH_OPS),
+                           (qwen3_5_cpu.SCHEMAS, qwen3_5_cpu.TORCH_OPS)):
+        for name, schema in schemas.items():
+            lib.define(schema)
+            lib.impl(name, impls[name], "CompositeExplicitAutograd")
+
+
+def _provide_mamba_functions(module) -> None:
+    """Ledger entry 11: sgl_kernel.mamba's CPU GDN kernels, backed by sglang-fl's GDN ops."""
+    from sglang_fl.sglang_glue import gdn
+
+    for name, fn in gdn.MAMBA_FUNCTIONS.items():
+        setattr(module, name, fn)
 
 
 def _platform() -> str:
@@ -273,7 +331,9 @@ def activate() -> None:
         fixes.install()  # SGLang bug fixes: every install, stand-ins or not
         from sglang_fl.compat import swaps
 
-        swaps.install(_absent)  # native swaps, each only where the package it needs is absent
+        # Native swaps: each where the package it stands for is absent; on the CPU platform
+        # also the adapter's CPU swaps (ledger entry 13).
+        swaps.install(_absent, cpu=_platform() == "cpu")
     from sglang_fl.compat.standins import StandinFinder
 
     missing = [p for p in STANDIN_PACKAGES if p != "torchvision" and _absent(p)]
@@ -284,7 +344,7 @@ def activate() -> None:
         return
     finder = StandinFinder(
         {p: STANDIN_PACKAGES[p] for p in missing},
-        on_exec={"sgl_kernel": _define_moe_fused_gate},
+        on_exec={"sgl_kernel": _define_moe_fused_gate, "sgl_kernel.mamba": _provide_mamba_functions},
     )
     if tv_broken:
         sys.meta_path.insert(0, finder)  # must shadow the installed, broken torchvision

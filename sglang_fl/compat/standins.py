@@ -112,6 +112,14 @@ class Standin:
                                                      "__module__": qualname.rpartition(".")[0]})
         return (cls,)
 
+    def __or__(self, other):
+        """``Standin | X`` in a type annotation evaluated at class creation (transformers 5.19's
+        video processors annotate ``PILImageResampling | InterpolationMode``): the stand-in
+        stands for the union, which nothing calls."""
+        return self
+
+    __ror__ = __or__
+
     def __repr__(self) -> str:
         return f"<sglang-fl stand-in {self._qualname}>"
 

@@ -18,10 +18,14 @@ logger = logging.getLogger("sglang_fl.compat")
 applied: list[str] = []
 
 
+_cpu = False  # install(cpu=True) adds the adapter's CPU_NATIVE_SWAPS
+
+
 def native_swaps():
     from sglang_fl.sglang_glue.adapters import get_adapter
 
-    return get_adapter().NATIVE_SWAPS
+    adapter = get_adapter()
+    return adapter.NATIVE_SWAPS + (adapter.CPU_NATIVE_SWAPS if _cpu else ())
 
 
 #: The swaps `install` armed: those whose ``needs`` package is absent on this host.
@@ -48,10 +52,21 @@ def apply_swaps(module, swaps=None) -> None:
                          swap.native or swap.replacement.__name__)
 
 
-def install(absent) -> None:
-    """Arm the swaps whose ``needs`` package is absent (``absent(name) -> bool``)."""
-    from sglang_fl.compat.module_hooks import add_hook
+_hooked: set[str] = set()
 
-    armed[:] = [s for s in native_swaps() if absent(s.needs)]
+
+def install(absent=lambda name: False, cpu: bool = False) -> None:
+    """Arm the swaps whose ``needs`` package is absent (``absent(name) -> bool``) and, on the
+    CPU platform (``cpu``), the adapter's CPU swaps; hook each of their modules once."""
+    global _cpu
+    from sglang_fl.compat.module_hooks import add_hook
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    _cpu = _cpu or cpu
+    armed[:] = [s for s in adapter.NATIVE_SWAPS if absent(s.needs)] + list(
+        adapter.CPU_NATIVE_SWAPS if _cpu else ())
     for module in dict.fromkeys(s.module for s in armed):
-        add_hook(module, after=lambda m: apply_swaps(m, armed))
+        if module not in _hooked:
+            _hooked.add(module)
+            add_hook(module, after=lambda m: apply_swaps(m, armed))

@@ -14,7 +14,9 @@ Each `OpSpec` in `OPS` says, for one op:
   that version's adapter's business (``sglang_glue/adapters``); subclasses that keep the
   forward methods follow their nearest served class;
 - ``tolerance``: per output dtype, how close an implementation must come to the reference in
-  the numerics tests.
+  the numerics tests;
+- ``called_as``: for an op that SGLang calls as a function rather than through a layer class
+  (the Gated DeltaNet kernels), the SGLang entry points routed to it.
 
 Everything else reads this table: Settings validates op and class names against it, backend
 registration checks every implementation against ``signature`` (``verify.py``), the SGLang glue
@@ -74,6 +76,9 @@ class OpSpec:
     #: version had ``rms_norm(obj, x, residual=None)``).
     optional: tuple[str, ...] = ()
     adapt_short: Callable[[Callable], Callable] | None = None
+    #: For an op SGLang calls as a function, not through a layer class (``serves`` empty): the
+    #: SGLang kernel entry points routed to it (``sglang_glue/gdn.py``), for ``sglang-fl ops``.
+    called_as: tuple[str, ...] = ()
 
     @functools.cached_property
     def parameters(self) -> tuple[inspect.Parameter, ...]:
@@ -154,6 +159,102 @@ def _gemma_rms_norm_without_post(fn):
         return fn(obj, x, residual)
 
     return gemma_rms_norm
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated DeltaNet ops (listed in the table below)
+# ---------------------------------------------------------------------------------------------
+
+#: A chunked or token-by-token fp32 recurrence over up to a few hundred tokens, against the
+#: reference's chunked form: the order of the sums differs, the state is fp32 either way.
+GDN_TOLERANCE = Tolerance(float32=(1e-4, 1e-4), float16=(5e-3, 5e-3), bfloat16=(3e-2, 3e-2))
+
+GDN_OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        name="gdn_gating",
+        signature="(obj, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0)",
+        layer_attrs=(),
+        contract=(
+            "-> (g, beta), both float32 [1, T, HV], for a, b [T, HV] and A_log, dt_bias [HV]: "
+            "g = -exp(A_log) * softplus(a + dt_bias) (softplus with beta/threshold as "
+            "torch.nn.functional.softplus, in fp32), beta = sigmoid(b) rounded to b's dtype."),
+        serves=(),
+        called_as=("torch.ops.sgl_kernel.fused_gdn_gating_cpu",),
+        tolerance=ROUNDING,
+    ),
+    OpSpec(
+        name="chunk_gated_delta_rule",
+        signature=("(obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None, "
+                   "use_qk_l2norm=True)"),
+        layer_attrs=(),
+        contract=(
+            "Prefill. -> (out [1, T, HV, V] in q's dtype, final_state float32 [N, HV, V, K]) for "
+            "q, k [1, T, H, K] (value head i reads key head i // (HV // H)), v [1, T, HV, V], "
+            "g, beta [1, T, HV] (gdn_gating's), initial_state [N, HV, V, K] or None (zeros), "
+            "cu_seqlens [N + 1]: per sequence and head, with q and k l2-normalised (eps 1e-6 "
+            "under the root) when use_qk_l2norm and q scaled by scale (K ** -0.5 when None), "
+            "S_t = exp(g_t) S_{t-1} + beta_t (v_t - exp(g_t) S_{t-1} k_t) k_t^T, "
+            "out_t = S_t q_t. Inputs are not modified."),
+        serves=(),
+        called_as=("sgl_kernel.mamba.chunk_gated_delta_rule_cpu",),
+        tolerance=GDN_TOLERANCE,
+    ),
+    OpSpec(
+        name="recurrent_gated_delta_rule",
+        signature=("(obj, q, k, v, a, b, A_log, dt_bias, state, state_indices, cu_seqlens, "
+                   "scale=None, use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0)"),
+        layer_attrs=(),
+        contract=(
+            "Decode (gating fused). -> out [1, T, HV, V] in q's dtype: chunk_gated_delta_rule's "
+            "recurrence token by token, with (g, beta) = gdn_gating(A_log, a, b, dt_bias) of "
+            "a, b [T, HV], sequence n starting from state[state_indices[n]] (the pool "
+            "[slots, HV, V, K]; a negative index starts from zeros and is not written) and "
+            "writing its final state there, in place, in the pool's dtype."),
+        serves=(),
+        called_as=("torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu",),
+        tolerance=GDN_TOLERANCE,
+    ),
+    OpSpec(
+        name="causal_conv1d",
+        signature=("(obj, x, weight, bias, conv_states, query_start_loc, cache_indices, "
+                   "has_initial_state, activation='silu')"),
+        layer_attrs=(),
+        contract=(
+            "Prefill. -> Tensor [dim, T] in x's dtype for x [dim, T] (channel rows), weight "
+            "[dim, width], bias [dim] or None: per sequence n of query_start_loc, the depthwise "
+            "causal convolution of its tokens preceded by conv_states[cache_indices[n]] "
+            "[dim, width - 1] when has_initial_state[n] (else zeros), then SiLU when "
+            "activation is 'silu'/'swish' (None: none). Each slot receives its sequence's last "
+            "width - 1 inputs (state included), in place."),
+        serves=(),
+        called_as=("sgl_kernel.mamba.causal_conv1d_fn_cpu",),
+    ),
+    OpSpec(
+        name="causal_conv1d_update",
+        signature=("(obj, x, conv_state, weight, bias=None, activation=None, "
+                   "conv_state_indices=None)"),
+        layer_attrs=(),
+        contract=(
+            "Decode. -> Tensor shaped as x ([B, dim] or [B, dim, L]): causal_conv1d of the L new "
+            "tokens of row i continuing the window conv_state[conv_state_indices[i]] (row i's "
+            "slot when None), which is shifted in place; a negative index is a padded row "
+            "(output zeros, no state touched)."),
+        serves=(),
+        called_as=("sgl_kernel.mamba.causal_conv1d_update_cpu",),
+    ),
+    OpSpec(
+        name="rms_norm_gated",
+        signature="(obj, x, z, eps, group_size=None, norm_before_gate=True)",
+        layer_attrs=("weight",),
+        contract=(
+            "-> Tensor in x's dtype: RMS norm of x over groups of group_size channels (all "
+            "when None), in fp32, times obj.weight, times silu(z) (z None: no gate); with "
+            "norm_before_gate False the gate multiplies x before the norm. The bridge passes "
+            "eps/group_size/norm_before_gate from the layer (RMSNormGated in SGLang, the FLA "
+            "layernorm_gated RMSNorm); SiLU gating only."),
+        serves=("RMSNormGated",),
+    ),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +367,13 @@ OPS: tuple[OpSpec, ...] = (
         # in fp32, 2.5e-3 in fp16 and 1.8e-2 in bf16; an expert mixed up is off by ~0.5.
         tolerance=Tolerance(float32=(1e-4, 1e-4), float16=(5e-3, 5e-3), bfloat16=(3e-2, 3e-2)),
     ),
+    # -- Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6 linear attention) ----------------------------
+    # Called by SGLang's GDN attention backend as functions, not through a layer class: obj is
+    # None, and the glue (sglang_glue/gdn.py) reaches them where SGLang calls its kernels.
+    # Variable-length batches: sequences concatenated on the token axis, delimited by
+    # cu_seqlens / query_start_loc ([N + 1], from 0); the recurrent state of sequence n is
+    # [HV, V, K] (key dimension contiguous), in a pool of slots indexed per sequence.
+    *GDN_OPS,
 )
 
 OPS_BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in OPS}

@@ -31,7 +31,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 DTYPES = ("float32", "bfloat16", "float16")
-ARCHITECTURES = ("qwen2", "qwen3_moe")
+ARCHITECTURES = ("qwen2", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+#: Hybrid (Gated DeltaNet + gated full attention) architectures, served as image-text models.
+HYBRID = ("qwen3_5", "qwen3_5_moe")
+#: The vision tokens a Qwen3.5/3.6 checkpoint's tokenizer and processor name.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,17 @@ class TinyModelSpec:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # Hybrid models (qwen3_5, qwen3_5_moe): every full_attention_interval-th layer is gated full
+    # attention, the others Gated DeltaNet; a shared expert beside the routed ones (MoE).
+    full_attention_interval: int = 2
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 16
+    linear_value_head_dim: int = 16
+    shared_expert_intermediate_size: int = 0
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return SPECIAL_TOKENS + (VISION_TOKENS if self.architecture in HYBRID else ())
 
     @property
     def head_size(self) -> int:
@@ -72,9 +87,15 @@ class TinyModelSpec:
         ints = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                 "vocab_size", "max_position_embeddings")
         moe = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
-        if self.architecture == "qwen3_moe":
+        if self.architecture in ("qwen3_moe", "qwen3_5_moe"):
             ints += moe
-        else:
+        if self.architecture in HYBRID:
+            ints += ("full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(f"tiny model linear_num_value_heads={self.linear_num_value_heads} "
+                                 f"must be a multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        if self.architecture == "qwen2":
             set_moe = [f"{n}={getattr(self, n)}" for n in moe if getattr(self, n)]
             if set_moe or self.head_dim:
                 raise ValueError(f"tiny model {', '.join(set_moe or [f'head_dim={self.head_dim}'])} "
@@ -96,7 +117,7 @@ class TinyModelSpec:
             )
         if self.head_size % 2:
             raise ValueError(f"tiny model head size {self.head_size} must be even (RoPE)")
-        if self.architecture == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
+        if self.architecture in ("qwen3_moe", "qwen3_5_moe") and self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"tiny model num_experts_per_tok={self.num_experts_per_tok} must be "
                              f"<= num_experts={self.num_experts}")
         if self.vocab_size < 512:
@@ -119,6 +140,18 @@ PRESETS: dict[str, TinyModelSpec] = {
         architecture="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
         head_dim=32, intermediate_size=128, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=32, norm_topk_prob=True,
+    ),
+    # Qwen3.5/3.6 hybrids (Qwen3.6-27B / -35B-A3B's layout at tiny sizes, fp32): Gated DeltaNet
+    # and gated full attention alternating, partial (1/4) interleaved mRoPE, a tiny vision tower
+    # and the processor files (SGLang loads them for these image-text models).
+    "qwen3.5": TinyModelSpec(
+        architecture="qwen3_5", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=128,
+    ),
+    "qwen3.5-moe": TinyModelSpec(
+        architecture="qwen3_5_moe", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32,
     ),
     # Qwen3-30B-A3B's real shapes (random weights, bf16) with 8 of its 48 layers: the GPU MoE
     # performance work (the per-layer cost is the real model's; the vocabulary too).
@@ -194,7 +227,8 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    base_vocab = spec.vocab_size - len(SPECIAL_TOKENS)
+    specials = spec.special_tokens()
+    base_vocab = spec.vocab_size - len(specials)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -216,7 +250,7 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
             vocab[name] = len(vocab)
         i += 1
     tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens(list(specials))
     assert tok.get_vocab_size() == spec.vocab_size, (tok.get_vocab_size(), spec.vocab_size)
 
     fast = PreTrainedTokenizerFast(
@@ -229,6 +263,30 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    if spec.architecture in HYBRID:
+        _write_processor(out, fast)
+
+
+#: The image and video processor settings of a Qwen3.5/3.6 checkpoint (patch 16, 2x2 merge).
+_VISION_PROCESSING = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                      "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                      "do_resize": True, "do_convert_rgb": True,
+                      "processor_class": "Qwen3VLProcessor"}
+
+
+def _write_processor(out: Path, tokenizer) -> None:
+    """The processor files a Qwen3.5/3.6 checkpoint ships (preprocessor_config.json,
+    video_preprocessor_config.json, beside the tokenizer and chat template): SGLang loads the
+    processor of an image-text model at start-up. Written as JSON: transformers' video processor
+    class needs torchvision just to be built."""
+    image = {**_VISION_PROCESSING, "image_processor_type": "Qwen2VLImageProcessorFast",
+             "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+    video = {**_VISION_PROCESSING, "video_processor_type": "Qwen3VLVideoProcessor",
+             "size": {"shortest_edge": 4096, "longest_edge": 25165824}, "fps": 2,
+             "min_frames": 4, "max_frames": 768, "do_sample_frames": True}
+    (out / "preprocessor_config.json").write_text(json.dumps(image, indent=2) + "\n")
+    (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
 
 
 def _hf_config(spec: TinyModelSpec, vocab: dict[str, int]):
@@ -250,6 +308,8 @@ def _hf_config(spec: TinyModelSpec, vocab: dict[str, int]):
         pad_token_id=vocab["<|endoftext|>"],
         use_sliding_window=False,
     )
+    if spec.architecture in HYBRID:
+        return _hybrid_config(spec, vocab, common)
     if spec.architecture == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 
@@ -263,6 +323,48 @@ def _hf_config(spec: TinyModelSpec, vocab: dict[str, int]):
     return Qwen2Config(**common)
 
 
+def _hybrid_config(spec: TinyModelSpec, vocab: dict[str, int], common: dict):
+    """A Qwen3.5 (or -MoE) image-text config: the text model as the spec says, a one-block
+    vision tower whose output width is the text model's."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+
+    text = {k: v for k, v in common.items() if k not in ("use_sliding_window", "rope_theta")}
+    text.update(
+        head_dim=spec.head_size,
+        layer_types=["full_attention" if (i + 1) % spec.full_attention_interval == 0
+                     else "linear_attention" for i in range(spec.num_layers)],
+        full_attention_interval=spec.full_attention_interval,  # SGLang reads this one
+        linear_conv_kernel_dim=4,
+        linear_num_key_heads=spec.linear_num_key_heads,
+        linear_num_value_heads=spec.linear_num_value_heads,
+        linear_key_head_dim=spec.linear_key_head_dim,
+        linear_value_head_dim=spec.linear_value_head_dim,
+        # Qwen3.5's rotary: a quarter of each head, interleaved mRoPE over (t, h, w) pairs.
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                         "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                         "mrope_section": _mrope_section(spec.head_size // 4 // 2)},
+    )
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=spec.hidden_size,
+                  num_position_embeddings=64, initializer_range=spec.initializer_range)
+    ids = dict(vision_start_token_id=vocab["<|vision_start|>"],
+               vision_end_token_id=vocab["<|vision_end|>"],
+               image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+               tie_word_embeddings=spec.tie_word_embeddings)
+    if spec.architecture == "qwen3_5_moe":
+        text.update(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+                    moe_intermediate_size=spec.moe_intermediate_size,
+                    shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
+        return Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids)
+    return Qwen3_5Config(text_config=text, vision_config=vision, **ids)
+
+
+def _mrope_section(pairs: int) -> list[int]:
+    """(t, h, w) pair counts for ``pairs`` rotary pairs, as Qwen3.5's [11, 11, 10] of 32."""
+    h = w = pairs * 11 // 32
+    return [pairs - h - w, h, w]
+
+
 def _write_model(out: Path, spec: TinyModelSpec) -> None:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -271,14 +373,20 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     dtype = getattr(torch, spec.dtype)
     torch.manual_seed(spec.seed)
     with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(config)
+        if spec.architecture in HYBRID:
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_config(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)
     model.to(dtype)
     model.config.dtype = spec.dtype  # written to config.json: what SGLang's --dtype auto uses
     model.save_pretrained(out, safe_serialization=True)
+    text = config.get_text_config()
     GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=[config.eos_token_id, config.pad_token_id],
-        pad_token_id=config.pad_token_id,
+        bos_token_id=text.bos_token_id,
+        eos_token_id=[text.eos_token_id, text.pad_token_id],
+        pad_token_id=text.pad_token_id,
         do_sample=False,
     ).save_pretrained(out)
 
@@ -287,4 +395,5 @@ def _token_ids(out: Path) -> dict[str, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + VISION_TOKENS
+            if tok.token_to_id(t) is not None}

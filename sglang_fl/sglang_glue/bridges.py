@@ -217,6 +217,26 @@ def bind_fused_moe(method, slot: ImplSlot, native):
     return forward
 
 
+def bind_rms_norm_gated(layer, slot: ImplSlot, native):
+    """SGLang's FLA gated RMSNorm: ``forward(x, z=None)``; eps, group size and gate order are
+    layer attributes there, arguments of the op."""
+    activation = getattr(layer, "activation", "swish")
+    if activation not in ("swish", "silu"):
+        slot.left_to_sglang(f"activation={activation}")
+        return native
+    eps, group_size = layer.eps, layer.group_size
+    norm_before_gate = bool(getattr(layer, "norm_before_gate", True))
+
+    def forward(x, z=None):
+        args = (x, z, eps, group_size, norm_before_gate)
+        try:
+            return slot.fn(layer, *args)
+        except Exception as exc:  # noqa: BLE001
+            return slot.call_after_failure(exc, layer, *args)
+
+    return forward
+
+
 #: Ops whose SGLang forward signature differs from the standard one.
 BRIDGES = {
     "rms_norm": bind_rms_norm,
@@ -225,6 +245,7 @@ BRIDGES = {
     "mrotary_embedding": bind_mrotary_embedding,
     "topk": bind_topk,
     "fused_moe": bind_fused_moe,
+    "rms_norm_gated": bind_rms_norm_gated,
 }
 
 

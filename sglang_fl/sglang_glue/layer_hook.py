@@ -39,9 +39,11 @@ class LayerRouter:
         self._route_of_class = dict(self._routes)
 
     def routed_ops(self) -> tuple[str, ...]:
-        """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied)."""
-        return tuple(dict.fromkeys(route.op_name for _, route in self._routes
-                                   if self.settings.routes_class((route.class_name,))))
+        """The ops that routed layer classes will ask for (the SGLANG_FL_OOT_* settings applied),
+        and the ops SGLang calls as functions (``called_as``), in the op table's order."""
+        routed = {route.op_name for _, route in self._routes
+                  if self.settings.routes_class((route.class_name,))}
+        return tuple(spec.name for spec in OPS if spec.name in routed or spec.called_as)
 
     def resolve_routed_ops(self) -> None:
         """Resolve every routed op now, at plugin load, so a configuration that cannot be met
@@ -64,7 +66,9 @@ class LayerRouter:
                 logger.debug("%s overrides %s of %s: left to SGLang", cls.__name__, overridden,
                              base.__name__)
                 return None
-            if not self.settings.routes_class((route.class_name, cls.__name__)):
+            names = ((route.class_name,) if route.class_name in self.adapter.MODULE_ROUTES
+                     else (route.class_name, cls.__name__))  # FLA's "RMSNorm" is not RMSNorm
+            if not self.settings.routes_class(names):
                 logger.debug("%s not routed (SGLANG_FL_OOT_* settings)", cls.__name__)
                 return None
             return route
@@ -76,7 +80,9 @@ class LayerRouter:
         if route is None:
             return native
         resolved = self.manager.resolve(route.op_name)
-        class_name = type(layer).__name__
+        # A plain-module route is logged by its routed name (SGLang's FLA norm is also "RMSNorm").
+        class_name = (route.class_name if route.class_name in self.adapter.MODULE_ROUTES
+                      else type(layer).__name__)
         log_path = self.settings.dispatch_log
         make_bridge = bridge_for(route.op_name)
 
@@ -94,3 +100,27 @@ def register_layer_hook(router: LayerRouter) -> None:
 
     router.adapter.register_hook(router.adapter.DISPATCH_HOOK_TARGET, around_dispatch_forward,
                                  "around")
+    register_module_routes(router)
+
+
+def register_module_routes(router: LayerRouter) -> None:
+    """Route the adapter's ``MODULE_ROUTES`` (plain ``nn.Module`` classes) through ``router``:
+    their ``forward`` binds each instance on its first call, as the dispatch hook binds a fused
+    op, and then calls what it bound (ledger entry ``route:RMSNormGated``)."""
+    for class_name in router.adapter.MODULE_ROUTES:
+        cls = router.adapter.layer_class(class_name)
+        native = cls.forward
+        if getattr(native, "__sglang_fl_routed__", False):
+            continue
+
+        def forward(self, *args, _native=native, **kwargs):
+            bound = self.__dict__.get("_forward_method")
+            if bound is None:
+                bound = router.bind(self, _native.__get__(self))
+                if bound is not None and router.route_for(type(self)) is None:
+                    self.__dict__["_forward_method"] = bound  # left to SGLang: call it directly
+            return bound(*args, **kwargs)
+
+        forward.__sglang_fl_routed__ = True
+        forward.__wrapped__ = native
+        cls.forward = forward

@@ -12,6 +12,7 @@ change.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from sglang_fl.dispatch.backends import real_module_available
 from sglang_fl.logging_setup import get_logger
@@ -20,6 +21,11 @@ from sglang_fl.sglang_glue.adapters import get_adapter
 logger = get_logger("platform")
 
 CPU_MAX_TOTAL_TOKENS = 8192
+#: Mamba/GDN state slots of a hybrid model on CPU: one per running request (and cached prefix);
+#: the token budget at 64 tokens a request. SGLang would size the pool from host RAM (about
+#: 800k slots, 7-8 GB, for a 64-wide model).
+CPU_MAX_MAMBA_CACHE_SIZE = CPU_MAX_TOTAL_TOKENS // 64
+STATE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def remember_user_choices(server_args, *args, **kwargs):
@@ -35,6 +41,9 @@ def _plan(settings) -> dict[str, tuple[object, str]]:
         plan["attention_backend"] = ("torch_native", "intel_amx needs sgl_kernel's CPU build")
         plan["disable_cuda_graph"] = (True, "no device graphs on CPU")
         plan["max_total_tokens"] = (CPU_MAX_TOTAL_TOKENS, "SGLang would size the KV pool from host RAM")
+        plan["max_mamba_cache_size"] = (CPU_MAX_MAMBA_CACHE_SIZE,
+                                        "SGLang would size the hybrid models' state pool from host RAM")
+        plan.update(get_adapter().CPU_HYBRID_DEFAULTS)
     elif platform == "cuda" and not real_module_available("flashinfer")[0]:
         # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")
@@ -53,9 +62,22 @@ def _plan(settings) -> dict[str, tuple[object, str]]:
 def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
     """Apply the platform's defaults to unchosen options; returns option -> (value, why) of
     what changed."""
-    chosen = get_adapter().user_choices(server_args)
+    adapter = get_adapter()
+    chosen = adapter.user_choices(server_args)
     changed = {}
-    for name, (value, why) in _plan(settings).items():
+    plan = _plan(settings)
+    dtype = getattr(server_args, "dtype", None)
+    if settings.platform == "cpu" and dtype in STATE_DTYPES:
+        # SGLang keeps the GDN/Mamba conv state in bf16 whatever the model's dtype: an fp32 model
+        # then drifts from HF after a few tokens. On CPU the states follow --dtype.
+        plan["mamba_ssm_dtype"] = (dtype, "hybrid models' recurrent state follows --dtype on CPU")
+        env = adapter.MAMBA_CONV_DTYPE_ENV
+        if env and env not in os.environ:
+            os.environ[env] = dtype  # read by the scheduler processes, which inherit it
+            changed[env] = (dtype, "hybrid models' conv state follows --dtype on CPU")
+            logger.info("server default: %s=%s (hybrid models' conv state follows --dtype on CPU; "
+                        "set the variable to override)", env, dtype)
+    for name, (value, why) in plan.items():
         if not hasattr(server_args, name):
             continue
         if chosen is not None and name in chosen:

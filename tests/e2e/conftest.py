@@ -1,5 +1,5 @@
-"""Fixtures of the end-to-end suite: the tiny models (Qwen2, Qwen3-MoE), prompts and HF's
-greedy ids.
+"""Fixtures of the end-to-end suite: the tiny models (Qwen2, Qwen3-MoE, the Qwen3.5 hybrids),
+prompts and HF's greedy ids.
 
 Every test here talks to a real ``python -m sglang.launch_server`` (or the offline Engine) with
 sglang-fl installed, on CPU. Servers are shared per configuration (module-scoped fixtures) and
@@ -30,12 +30,14 @@ def prompt_ids(tiny_model) -> list[list[int]]:
     return [tok(t)["input_ids"] for t in PROMPT_TEXTS]
 
 
-def hf_greedy_ids(model_path, prompt_ids) -> list[list[int]]:
-    """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth."""
+def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False) -> list[list[int]]:
+    """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth.
+    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
+    model = auto.from_pretrained(model_path, dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
         for ids in prompt_ids:
@@ -70,3 +72,26 @@ def moe_prompt_ids(moe_model) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def moe_hf_ids(moe_model, moe_prompt_ids) -> list[list[int]]:
     return hf_greedy_ids(moe_model, moe_prompt_ids)
+
+
+@pytest.fixture(scope="session", params=["qwen3.5", "qwen3.5-moe"])
+def hybrid_model(request, tmp_path_factory) -> Path:
+    """``make-tiny-model --preset qwen3.5`` / ``qwen3.5-moe``: Gated DeltaNet and gated full
+    attention alternating (the MoE one with a shared expert), image-text checkpoints."""
+    from sglang_fl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / f"tiny-{request.param}",
+                           preset=request.param)
+
+
+@pytest.fixture(scope="session")
+def hybrid_prompt_ids(hybrid_model) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hybrid_model)
+    return [tok(t)["input_ids"] for t in PROMPT_TEXTS]
+
+
+@pytest.fixture(scope="session")
+def hybrid_hf_ids(hybrid_model, hybrid_prompt_ids) -> list[list[int]]:
+    return hf_greedy_ids(hybrid_model, hybrid_prompt_ids, image_text=True)

@@ -396,8 +396,11 @@ def test_swaps_are_armed_only_where_the_package_they_stand_for_is_absent(monkeyp
 
     monkeypatch.setattr(module_hooks, "add_hook", lambda *a, **k: None)
     monkeypatch.setattr(swaps, "armed", [])
-    needs = {s.needs for s in swaps.native_swaps()}
-    for absent in needs:
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    monkeypatch.setattr(swaps, "_cpu", False)
+    native = get_adapter().NATIVE_SWAPS
+    for absent in {s.needs for s in native}:
         swaps.install(lambda name, absent=absent: name == absent)
         assert swaps.armed and {s.needs for s in swaps.armed} == {absent}
     swaps.install(lambda name: False)

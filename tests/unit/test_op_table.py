@@ -40,7 +40,7 @@ def test_every_entry_is_complete_and_consistent():
     for spec in OPS:
         params = spec.parameters
         assert params[0].name == "obj", spec.name
-        assert spec.serves and all(name.isidentifier() for name in spec.serves), spec.name
+        assert (spec.serves or spec.called_as) and all(name.isidentifier() for name in spec.serves), spec.name
         assert spec.contract, spec.name
         tail = [p.name for p in params[len(params) - len(spec.optional):]] if spec.optional else []
         assert tail == list(spec.optional), f"{spec.name}: optional parameters must be trailing"
@@ -344,7 +344,8 @@ def test_no_import_cycle_between_sglang_fl_modules():
 
 def test_vendor_cuda_offers_each_op_where_its_kernel_package_is_real(monkeypatch):
     """An "empty" SGLang install on a GPU has Triton but no sgl_kernel: vendor.cuda still offers
-    SGLang's Triton mRoPE, and says why the rest is missing (stand-ins for what is absent)."""
+    SGLang's Triton mRoPE and Gated DeltaNet kernels, and says why the rest is missing
+    (stand-ins for what is absent)."""
     from sglang_fl.dispatch.backends.vendor.cuda import backend as cuda_backend
     from sglang_fl.dispatch.discovery import _status
 
@@ -353,7 +354,9 @@ def test_vendor_cuda_offers_each_op_where_its_kernel_package_is_real(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_backend, "real_module_available", lambda name: real[name])
     backend = CudaBackend()
-    assert backend.available() and backend.implemented_ops() == ("mrotary_embedding",)
+    assert backend.available() and backend.implemented_ops() == (
+        "mrotary_embedding", "gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+        "causal_conv1d", "causal_conv1d_update", "rms_norm_gated")
     status = _status(backend.impl_id(), "vendor", backend, backend.implemented_ops(), "built-in")
     assert status.available and status.missing == (
         "sgl_kernel is not installed; tvm_ffi is an sglang-fl stand-in")

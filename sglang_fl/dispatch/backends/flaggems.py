@@ -6,6 +6,12 @@ or a correction bias, grouped or not); grouped routing without a bias scores gro
 from ``grouped_topk`` and runs the reference math on the device. ``fused_moe`` is
 ``fused_experts_impl`` (moe_align_block_size, the fused-MoE GEMM kernel, SiLU-and-mul,
 moe_sum).
+
+Gated DeltaNet: ``chunk_gated_delta_rule`` and ``recurrent_gated_delta_rule`` run FlagGems'
+FLA kernels (``chunk_gated_delta_rule_fwd``, ``fused_recurrent_gated_delta_rule_fwd``), which
+keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised q/k with as many
+heads as v; FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those ops are not
+registered here).
 """
 
 from __future__ import annotations
@@ -129,3 +135,53 @@ class FlagGemsBackend(Backend):
         return self._gems.fused_experts_impl(hidden_states.contiguous(), obj.w13_weight,
                                              obj.w2_weight, topk_weights, topk_ids, inplace=False,
                                              activation="silu")
+
+    # -- Gated DeltaNet ----------------------------------------------------------------------
+    @staticmethod
+    def _gdn_qk(q, k, hv, use_qk_l2norm):
+        from sglang_fl.dispatch.backends.reference_gdn import _expand_heads, _l2norm
+
+        if use_qk_l2norm:
+            q, k = _l2norm(q.float()).to(q.dtype), _l2norm(k.float()).to(k.dtype)
+        return _expand_heads(q, hv).contiguous(), _expand_heads(k, hv).contiguous()
+
+    def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
+                               use_qk_l2norm=True):
+        import torch
+
+        hv = v.shape[2]
+        q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
+        scale = k.shape[-1] ** -0.5 if scale is None else scale
+        h0 = (initial_state.float().transpose(-1, -2).contiguous() if initial_state is not None
+              else torch.zeros(cu_seqlens.numel() - 1, hv, k.shape[-1], v.shape[-1],
+                               dtype=torch.float32, device=v.device))
+        _, out, _, final, *_ = self._gems.chunk_gated_delta_rule_fwd(
+            q, k, v.contiguous(), g.float().contiguous(), beta.contiguous(), scale, h0, True,
+            cu_seqlens=cu_seqlens.to(torch.int64))
+        return out.to(q.dtype), final.transpose(-1, -2).contiguous()
+
+    def recurrent_gated_delta_rule(self, obj, q, k, v, a, b, A_log, dt_bias, state, state_indices,  # noqa: N803
+                                   cu_seqlens, scale=None, use_qk_l2norm=True, softplus_beta=1.0,
+                                   softplus_threshold=20.0):
+        import torch
+
+        from sglang_fl.dispatch.backends.reference_gdn import gdn_gating
+
+        hv, total = v.shape[2], v.shape[1]
+        g, beta = gdn_gating(A_log, a.reshape(total, hv), b.reshape(total, hv), dt_bias,
+                             softplus_beta, softplus_threshold)
+        q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
+        scale = k.shape[-1] ** -0.5 if scale is None else scale
+        # FlagGems keeps [K, V] states: gather the sequences' slots (zeros for a negative index),
+        # run in place on them, scatter back the ones that have a slot.
+        idx = state_indices.long()
+        has = idx >= 0
+        h0 = torch.zeros(idx.numel(), hv, k.shape[-1], v.shape[-1], dtype=torch.float32,
+                         device=v.device)
+        h0[has] = state[idx[has]].float().transpose(-1, -2)
+        out, h = self._gems.fused_recurrent_gated_delta_rule_fwd(
+            q, k, v.contiguous(), g.contiguous(), beta.contiguous(), scale, h0,
+            inplace_final_state=True, cu_seqlens=cu_seqlens.to(torch.int64),
+            ssm_state_indices=torch.arange(idx.numel(), dtype=torch.int32, device=v.device))
+        state[idx[has]] = h[has].transpose(-1, -2).to(state.dtype)
+        return out.to(q.dtype)

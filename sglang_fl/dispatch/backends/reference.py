@@ -12,10 +12,42 @@ import torch
 import torch.nn.functional as F
 
 from sglang_fl.dispatch.backends import Backend
+from sglang_fl.dispatch.backends import reference_gdn as gdn
 from sglang_fl.dispatch.types import BackendImplKind
 
 
-class ReferenceBackend(Backend):
+class GDNReference:
+    """The Gated DeltaNet ops (math in `reference_gdn`)."""
+
+    def gdn_gating(self, obj, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):  # noqa: N803
+        return gdn.gdn_gating(A_log, a, b, dt_bias, softplus_beta, softplus_threshold)
+
+    def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
+                               use_qk_l2norm=True):
+        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                          use_qk_l2norm)
+
+    def recurrent_gated_delta_rule(self, obj, q, k, v, a, b, A_log, dt_bias, state, state_indices,  # noqa: N803
+                                   cu_seqlens, scale=None, use_qk_l2norm=True, softplus_beta=1.0,
+                                   softplus_threshold=20.0):
+        return gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, state_indices,
+                                              cu_seqlens, scale, use_qk_l2norm, softplus_beta,
+                                              softplus_threshold)
+
+    def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
+                      has_initial_state, activation="silu"):
+        return gdn.causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                                 has_initial_state, activation)
+
+    def causal_conv1d_update(self, obj, x, conv_state, weight, bias=None, activation=None,
+                             conv_state_indices=None):
+        return gdn.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
+
+    def rms_norm_gated(self, obj, x, z, eps, group_size=None, norm_before_gate=True):
+        return gdn.rms_norm_gated(x, obj.weight, z, eps, group_size, norm_before_gate)
+
+
+class ReferenceBackend(GDNReference, Backend):
     name = "reference"
     kind = BackendImplKind.REFERENCE
 

@@ -22,10 +22,13 @@ class LayerRoute:
 
     class_path: str  # "module:ClassName"
     op_name: str
+    #: The name users and logs know it by, where it differs from the class's own
+    #: (SGLang's FLA gated norm is a class named ``RMSNorm``: ``RMSNormGated``).
+    name: str = ""
 
     @property
     def class_name(self) -> str:
-        return self.class_path.rsplit(":", 1)[1]
+        return self.name or self.class_path.rsplit(":", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,20 @@ class NativeSwap:
     replacement: Any = None  # a callable used instead of a twin
     #: The package whose absence breaks SGLang's hard-wired path (the swap applies only then).
     needs: str = "tvm_ffi"
+
+
+def shared_expert_gate_native(hidden_states, gate_weight, shared_output):
+    """``sigmoid(hidden_states @ gate_weight) * shared_output``: the gated shared-expert output,
+    as SGLang's unfused path computes it (``sigmoid(shared_expert_gate(x)) * shared_output``)."""
+    import torch.nn.functional as F
+
+    gate = F.linear(hidden_states, gate_weight.reshape(1, -1))
+    return F.sigmoid(gate) * shared_output
+
+
+def shared_expert_gate_add_native(hidden_states, gate_weight, shared_output, final_hidden_states):
+    """In place: ``final_hidden_states += shared_expert_gate_native(...)``."""
+    final_hidden_states += shared_expert_gate_native(hidden_states, gate_weight, shared_output)
 
 
 #: Where `SGLangAdapter.remember_user_choices` keeps the options the user set.
@@ -95,7 +112,11 @@ class SGLangAdapter:
         "MRotaryEmbedding": "sglang.srt.layers.rotary_embedding.mrope:MRotaryEmbedding",
         "TopK": "sglang.srt.layers.moe.topk:TopK",
         "UnquantizedFusedMoEMethod": "sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod",
+        "RMSNormGated": "sglang.srt.layers.attention.fla.layernorm_gated:RMSNorm",
     }
+    #: Routed classes that are plain ``nn.Module``s, not fused ops: the dispatch hook never
+    #: sees them, so their ``forward`` is wrapped instead (ledger ``route:RMSNormGated``).
+    MODULE_ROUTES: tuple[str, ...] = ("RMSNormGated",)
     #: Methods a subclass must not override for the base's bridge to stay correct.
     FORWARD_METHODS = ("forward", "forward_native", "forward_cuda")
 
@@ -107,6 +128,9 @@ class SGLangAdapter:
 
     #: Native swaps applied when apache-tvm-ffi is absent (ledger ``swap:*``).
     NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
+    #: Native swaps applied on the CPU platform: module globals SGLang binds to a Triton kernel
+    #: that it then calls on CPU too (ledger ``swap:fused_gate_sigmoid_mul*``).
+    CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
 
     #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
     #: ``topk`` op does not express: a call passing any of them keeps SGLang's forward.
@@ -143,7 +167,7 @@ class SGLangAdapter:
 
     def layer_routes(self, ops) -> tuple[LayerRoute, ...]:
         """The routes of the op table ``ops`` in this version."""
-        return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name)
+        return tuple(LayerRoute(self.LAYER_CLASSES[name], spec.name, name)
                      for spec in ops for name in spec.serves)
 
     def sglang_forward_choice(self, layer):
@@ -155,6 +179,13 @@ class SGLangAdapter:
         return self.resolve(self.KERNELS[name])
 
     # -- server defaults -------------------------------------------------------------------------
+    #: sgl_kernel CPU ops this version's Qwen3.5/3.6 model module looks up at import that empty
+    #: mode does not provide: while any is listed, SGLang skips that model on CPU.
+    CPU_HYBRID_MISSING_OPS: tuple[str, ...] = ()
+    #: CPU server defaults of this version for hybrid (Mamba/GDN) models: option -> (value, why).
+    CPU_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
+    #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
+    MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
     #: The server option (and value) that turns the prefill CUDA graph off.
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
     #: The option capping the batch sizes captured by the decode CUDA graph.

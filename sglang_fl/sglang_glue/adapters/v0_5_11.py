@@ -24,6 +24,16 @@ class SGLang0511(SGLangAdapter):
         "apply_rope_with_cos_sin_cache_inplace":
             "sglang.jit_kernel.rope:apply_rope_with_cos_sin_cache_inplace",
         "triton_mrope_fused": "sglang.srt.layers.rotary_embedding.triton_kernels:triton_mrope_fused",
+        # Gated DeltaNet (FLA Triton kernels, Triton causal conv1d)
+        "chunk_gated_delta_rule": "sglang.srt.layers.attention.fla.chunk:chunk_gated_delta_rule",
+        "fused_sigmoid_gating_delta_rule_update":
+            "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent:"
+            "fused_sigmoid_gating_delta_rule_update",
+        "fused_gdn_gating": "sglang.srt.layers.attention.fla.fused_gdn_gating:fused_gdn_gating",
+        "causal_conv1d_fn": "sglang.srt.layers.attention.mamba.causal_conv1d_triton:causal_conv1d_fn",
+        "causal_conv1d_update":
+            "sglang.srt.layers.attention.mamba.causal_conv1d_triton:causal_conv1d_update",
+        "rms_norm_gated": "sglang.srt.layers.attention.fla.layernorm_gated:rms_norm_gated",
     }
     NATIVE_SWAPS = (
         NativeSwap("sglang.srt.model_executor.forward_batch_info", "clamp_position",

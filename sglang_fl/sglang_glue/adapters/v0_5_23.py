@@ -19,11 +19,17 @@ What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
 - The JIT CUDA kernels moved from ``sglang.jit_kernel`` to ``sglang.kernels.ops``;
   ``clamp_position`` is now a fused op with a JIT backend, imported into forward_batch_info,
   and ``overlap_utils`` no longer calls a JIT kernel.
+- The FLA kernels (``layernorm_gated.RMSNorm``, the GDN output norm) moved from
+  ``sglang.srt.layers.attention.fla`` to ``sglang.kernels.ops.attention.fla``.
+- ``qwen2_moe`` gates shared experts with a Triton kernel unless the gate is AMX-packed, so on
+  a CPU without AMX too: rebound to the unfused math on CPU (``CPU_NATIVE_SWAPS``).
 - ``GroupCoordinator.all_gatherv`` takes an ``output`` buffer (CommunicatorFL accepts it).
 - ``ServerArgs`` is a msgspec Struct: a hook on its ``__post_init__`` never runs (msgspec binds
   it when the type is made), fields are ``msgspec.structs.fields``, and resolution keeps the
   user's input in ``_raw_input`` while it declares defaults (a platform's
   ``apply_server_args_defaults`` gets a recorder that reads through to the record).
+- ``--mamba-scheduler-strategy`` became ``--mamba-radix-cache-strategy``, whose ``auto`` picks
+  ``extra_buffer`` (unsupported on CPU) whenever overlap scheduling is on.
 - ``--disable-piecewise-cuda-graph`` is gone (tc_piecewise removed); prefill CUDA graphs are
   ``--cuda-graph-backend-prefill breakable|full|disabled``.
 - ``initialize_model_parallel`` reads the group widths from the published parallel context
@@ -37,6 +43,8 @@ from sglang_fl.sglang_glue.adapters.base import (
     SGLangAdapter,
     _jit_store_cache_unavailable,
     _no_cute_dsl_dual_gemm,
+    shared_expert_gate_add_native,
+    shared_expert_gate_native,
 )
 
 
@@ -55,6 +63,20 @@ class SGLang0523(SGLangAdapter):
         "apply_rope_with_cos_sin_cache_inplace":
             "sglang.kernels.ops.attention.rope:apply_rope_with_cos_sin_cache_inplace",
         "triton_mrope_fused": "sglang.kernels.ops.attention.rotary_triton:triton_mrope_fused",
+        # Gated DeltaNet (FLA Triton kernels, Triton causal conv1d), moved under sglang.kernels
+        "chunk_gated_delta_rule": "sglang.kernels.ops.attention.fla.chunk:chunk_gated_delta_rule",
+        "fused_sigmoid_gating_delta_rule_update":
+            "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent:"
+            "fused_sigmoid_gating_delta_rule_update",
+        "fused_gdn_gating": "sglang.kernels.ops.attention.linear.fused_gdn_gating:fused_gdn_gating",
+        "causal_conv1d_fn": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_fn",
+        "causal_conv1d_update": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_update",
+        "rms_norm_gated": "sglang.kernels.ops.attention.fla.layernorm_gated:rms_norm_gated",
+    }
+    LAYER_CLASSES = {
+        **SGLangAdapter.LAYER_CLASSES,
+        # The FLA kernels moved under sglang.kernels.ops.
+        "RMSNormGated": "sglang.kernels.ops.attention.fla.layernorm_gated:RMSNorm",
     }
     NATIVE_SWAPS = (
         NativeSwap("sglang.srt.model_executor.forward_batch_info", "clamp_position", "",
@@ -65,7 +87,24 @@ class SGLang0523(SGLangAdapter):
         NativeSwap("sglang.srt.layers.dual_gemm", "is_cuda", "", _no_cute_dsl_dual_gemm,
                    needs="cutlass"),
     )
+    # Qwen2/3-MoE-style shared experts (Qwen3.5-MoE too) gate their output with a Triton kernel
+    # whenever the gate is not AMX-packed, i.e. on every CPU without AMX as well.
+    CPU_NATIVE_SWAPS = (
+        NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul", "",
+                   shared_expert_gate_native),
+        NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul_add", "",
+                   shared_expert_gate_add_native),
+    )
     SERVER_ARGS_POST_INIT = None
+    # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
+    # refuses it on CPU (no state snapshots there): a hybrid model would not start.
+    # no_buffer then needs overlap scheduling off (0.5.11 turns it off on CPU itself).
+    CPU_HYBRID_DEFAULTS = {
+        "mamba_radix_cache_strategy": ("no_buffer", "the extra-buffer mamba cache needs state "
+                                       "snapshots, which SGLang supports on accelerators only"),
+        "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
+                                     "support overlap scheduling"),
+    }
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
     # Split per phase; the old name is now an ambiguous argparse prefix.

@@ -7,7 +7,9 @@ SGLang install on a GPU may lack sgl_kernel and still have Triton):
   the reference math on the device);
 - sgl_kernel and apache-tvm-ffi: ``fused_moe`` (SGLang's Triton ``fused_experts``, whose
   SiLU-and-mul is JIT-compiled);
-- triton: ``mrotary_embedding`` (SGLang's Triton mRoPE kernel).
+- triton: ``mrotary_embedding`` (SGLang's Triton mRoPE kernel);
+- triton: the Gated DeltaNet ops (SGLang's FLA Triton kernels: chunked and fused-recurrent
+  gated delta rule, GDN gating, gated RMSNorm; its Triton causal conv1d).
 
 Where each SGLang kernel lives depends on the SGLang version: the adapter's ``KERNELS``.
 """
@@ -27,6 +29,8 @@ def _sglang_kernel(name: str):
 
 
 _SGL_KERNEL_OPS = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "topk")
+_GDN_OPS = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d",
+            "causal_conv1d_update", "rms_norm_gated")
 
 
 class CudaBackend(Backend):
@@ -59,8 +63,57 @@ class CudaBackend(Backend):
             if real_module_available("tvm_ffi")[0]:
                 ops += ("rotary_embedding", "fused_moe")
         if real_module_available("triton")[0]:
-            ops += ("mrotary_embedding",)
+            ops += ("mrotary_embedding", *_GDN_OPS)
         return ops
+
+    # -- Gated DeltaNet: SGLang's Triton kernels ----------------------------------------------
+    def gdn_gating(self, obj, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):  # noqa: N803
+        return _sglang_kernel("fused_gdn_gating")(A_log, a, b, dt_bias, softplus_beta,
+                                                  softplus_threshold)
+
+    def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
+                               use_qk_l2norm=True):
+        import torch
+
+        # SGLang's kernel updates a state pool in place (slots given by index): the sequences'
+        # initial states form a pool of their own, which then holds the final states.
+        n = cu_seqlens.numel() - 1
+        shape = (n, v.shape[2], v.shape[3], k.shape[3])
+        pool = (initial_state.to(torch.float32).clone() if initial_state is not None
+                else torch.zeros(shape, dtype=torch.float32, device=v.device))
+        out, _, _ = _sglang_kernel("chunk_gated_delta_rule")(
+            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=pool,
+            initial_state_indices=torch.arange(n, dtype=torch.int32, device=v.device),
+            cu_seqlens=cu_seqlens.to(torch.int64), head_first=False,
+            use_qk_l2norm_in_kernel=use_qk_l2norm)
+        return out, pool
+
+    def recurrent_gated_delta_rule(self, obj, q, k, v, a, b, A_log, dt_bias, state, state_indices,  # noqa: N803
+                                   cu_seqlens, scale=None, use_qk_l2norm=True, softplus_beta=1.0,
+                                   softplus_threshold=20.0):
+        return _sglang_kernel("fused_sigmoid_gating_delta_rule_update")(
+            A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=state,
+            initial_state_indices=state_indices, cu_seqlens=cu_seqlens, scale=scale,
+            use_qk_l2norm_in_kernel=use_qk_l2norm, softplus_beta=softplus_beta,
+            softplus_threshold=softplus_threshold)
+
+    def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
+                      has_initial_state, activation="silu"):
+        seq_lens = query_start_loc.diff().tolist()
+        return _sglang_kernel("causal_conv1d_fn")(
+            x, weight, bias, conv_states=conv_states, query_start_loc=query_start_loc,
+            seq_lens_cpu=seq_lens, cache_indices=cache_indices,
+            has_initial_state=has_initial_state, activation=activation)
+
+    def causal_conv1d_update(self, obj, x, conv_state, weight, bias=None, activation=None,
+                             conv_state_indices=None):
+        return _sglang_kernel("causal_conv1d_update")(x, conv_state, weight, bias, activation,
+                                                      conv_state_indices=conv_state_indices)
+
+    def rms_norm_gated(self, obj, x, z, eps, group_size=None, norm_before_gate=True):
+        return _sglang_kernel("rms_norm_gated")(
+            x=x, weight=obj.weight, bias=None, z=z, eps=eps, group_size=group_size,
+            norm_before_gate=norm_before_gate, is_rms_norm=True)
 
     def silu_and_mul(self, obj, x):
         import torch
