@@ -1,0 +1,191 @@
+"""Routed ops as PyTorch custom ops (``torch.ops.sglang_fl.<op>``), for ``custom_ops: true``.
+
+torch.compile (and so SGLang's piecewise CUDA graph, which compiles the model and captures the
+pieces between attention calls) traces Python. Traced through, a FlagGems impl stops dynamo in
+FlagGems' own Python (a ``logger.debug``, ``libentry``'s kernel-parameter slicing); as a custom
+op the routed call is one opaque node: dynamo records it, a fake kernel gives its output shapes,
+and the impl runs only when the compiled graph runs.
+
+One op per op-table entry, schema generated from the entry: ``<op>(int key, <params>) ->
+Tensor[]``. ``key`` indexes the (layer, slot) pairs registered here (a layer is no schema type;
+vLLM passes its attention layers by name the same way); the other parameters are the op's
+standard ones with `OpSpec.custom_op_types` as types and `OpSpec.mutates` marked written
+(``Tensor(a!)``), so functionalization keeps an impl's in-place writes. The kernel calls the
+slot (its token buckets and fallback included). Outputs may not alias inputs in a custom op, so
+an output an impl wrote in place (a fused add-RMSNorm, in-place RoPE) is returned as a copy:
+one copy kernel per such output, the price of the opaque node in eager mode (measure it on the
+device before turning this on by default). The fake kernel runs the op's reference
+implementation on fake tensors (the layer's ``layer_attrs`` made fake), or `OpSpec.fake`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import types
+
+from sglang_fl.dispatch.ops import OpSpec
+
+NAMESPACE = "sglang_fl"
+
+_lock = threading.Lock()
+_library = None
+_defined: dict[str, object] = {}  # op name -> torch.ops.sglang_fl.<op>.default
+_reference: dict[str, object] = {}  # op name -> reference fn (fake kernels)
+#: key -> (obj, slot); a key is handed out once per (layer, slot) and never reused.
+_entries: list[tuple[object, object]] = []
+
+
+def schema(spec: OpSpec) -> str:
+    """``rms_norm(int key, Tensor(a!) x, Tensor(b!)? residual=None, ...) -> Tensor[]``."""
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    defaults = {p.name: p.default for p in spec.parameters}
+    parts = ["int key"]
+    for name, typ in spec.custom_op_types():
+        if name in spec.mutates:
+            if not typ.startswith("Tensor"):
+                raise ValueError(f"op {spec.name}: mutated parameter {name!r} is not a Tensor ({typ})")
+            typ = typ.replace("Tensor", f"Tensor({next(letters)}!)", 1)
+        default = defaults[name]
+        text = f"{typ} {name}"
+        if default is not _EMPTY:
+            text += "=" + _schema_default(default)
+        parts.append(text)
+    return f"{spec.name}({', '.join(parts)}) -> Tensor[]"
+
+
+_EMPTY = inspect.Parameter.empty
+
+
+class _Empty:
+    """The ``obj`` a caller has seen before its first call (no layer is this)."""
+
+
+def _schema_default(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def define(spec: OpSpec, reference_fn) -> object:
+    """Define ``torch.ops.sglang_fl.<op>`` (once per process) and return its overload."""
+    global _library
+    with _lock:
+        op = _defined.get(spec.name)
+        if op is not None:
+            return op
+        import torch
+
+        if _library is None:
+            _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        _library.define(schema(spec))
+        _library.impl(spec.name, _kernel, "CompositeExplicitAutograd")
+        _reference[spec.name] = reference_fn
+        torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _fake_for(spec), lib=_library)
+        op = getattr(getattr(torch.ops, NAMESPACE), spec.name).default
+        _defined[spec.name] = op
+        return op
+
+
+def _kernel(key: int, *args):
+    obj, slot = _entries[key]
+    try:
+        out = slot.fn(obj, *args)
+    except Exception as exc:  # noqa: BLE001 - the slot's fallback, as the bridges do
+        out = slot.call_after_failure(exc, obj, *args)
+    return _unaliased(out, args)
+
+
+def _unaliased(out, args) -> list:
+    """``out`` as a list, each output that shares storage with an input copied."""
+    import torch
+
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    inputs = {a.untyped_storage().data_ptr() for a in args
+              if isinstance(a, torch.Tensor) and a.numel()}
+    return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in inputs else o
+            for o in outs]
+
+
+def _fake_for(spec: OpSpec):
+    def fake(key: int, *args):
+        obj = _fake_layer(spec, _entries[key][0], args)
+        fn = spec.fake or _reference[spec.name]
+        out = fn(obj, *args)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        # A fresh tensor per output: the real kernel never returns an input either.
+        return [o.clone() if any(o is a for a in args) else o for o in outs]
+
+    return fake
+
+
+def _fake_layer(spec: OpSpec, obj, args):
+    """The attributes of ``obj`` an impl may read (``layer_attrs``), tensors made fake in the
+    mode of ``args`` (a real parameter cannot enter a fake-tensor computation)."""
+    import torch
+    from torch._subclasses.fake_tensor import maybe_get_fake_mode
+
+    mode = next((m for a in args if isinstance(a, torch.Tensor)
+                 for m in (maybe_get_fake_mode(a),) if m is not None), None)
+    attrs = {}
+    for name in spec.layer_attrs:
+        value = getattr(obj, name)
+        if isinstance(value, torch.Tensor):
+            value = mode.from_tensor(value) if mode is not None else value.to("meta")
+        attrs[name] = value
+    return types.SimpleNamespace(**attrs)
+
+
+def register(obj, slot) -> int:
+    """A key for ``(obj, slot)``: the custom op's kernel calls ``slot.fn(obj, ...)``."""
+    with _lock:
+        _entries.append((obj, slot))
+        return len(_entries) - 1
+
+
+def make_caller(spec: OpSpec, op, slot):
+    """``fn(obj, <op's parameters>)`` calling ``op(key, ...)``: the op's signature (so callers
+    pass what they pass to any impl), the key registered for the first ``obj`` seen and
+    re-registered if another one comes (a method object serving one FusedMoE layer sees one)."""
+    params = spec.parameters
+    names = [p.name for p in params[1:]]
+    src = (f"def call{spec.signature}:\n"
+           f"    if {params[0].name} is not _seen[0]:\n"
+           f"        _seen[0] = {params[0].name}\n"
+           f"        _seen[1] = _register({params[0].name}, _slot)\n"
+           f"    out = _op(_seen[1], {', '.join(names)})\n"
+           f"    return out[0] if len(out) == 1 else tuple(out)\n")
+    scope = {"_seen": [_Empty, -1], "_register": register, "_slot": slot, "_op": op}
+    exec(compile(src, f"<sglang_fl custom op {spec.name}>", "exec"), scope)  # noqa: S102
+    return scope["call"]
+
+
+class CustomOpSlot:
+    """A slot (`ImplSlot` / `SizeRoutedSlot`) called through ``torch.ops.sglang_fl.<op>``:
+    ``fn`` is the custom-op caller; the wrapped slot picks and falls back inside the kernel."""
+
+    __slots__ = ("inner", "fn")
+
+    def __init__(self, inner, spec: OpSpec, reference_fn) -> None:
+        self.inner = inner
+        self.fn = make_caller(spec, define(spec, reference_fn), inner)
+
+    @property
+    def resolved(self):
+        return self.inner.resolved
+
+    can_fall_back = False  # the kernel already ran the inner slot's fallback
+
+    def direct(self):
+        return self.fn
+
+    def left_to_sglang(self, why: str) -> None:
+        self.inner.left_to_sglang(why)
+
+    def call_after_failure(self, exc: Exception, *args, **kwargs):
+        raise exc
+
