@@ -22,7 +22,7 @@ import sys
 
 from sglang_fl.config import FIELDS, SettingsError, get_settings
 
-_EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor")
+_EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor", "sglang_fl.cli_tune")
 
 
 def _format_value(value, name: str = "") -> str:

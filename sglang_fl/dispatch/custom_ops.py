@@ -9,13 +9,18 @@ and the impl runs only when the compiled graph runs.
 One op per op-table entry, schema generated from the entry: ``<op>(int key, <params>) ->
 Tensor[]``. ``key`` indexes the (layer, slot) pairs registered here (a layer is no schema type;
 vLLM passes its attention layers by name the same way); the other parameters are the op's
-standard ones with `OpSpec.custom_op_types` as types and `OpSpec.mutates` marked written
-(``Tensor(a!)``), so functionalization keeps an impl's in-place writes. The kernel calls the
-slot (its token buckets and fallback included). Outputs may not alias inputs in a custom op, so
-an output an impl wrote in place (a fused add-RMSNorm, in-place RoPE) is returned as a copy:
-one copy kernel per such output, the price of the opaque node in eager mode (measure it on the
-device before turning this on by default). The fake kernel runs the op's reference
-implementation on fake tensors (the layer's ``layer_attrs`` made fake), or `OpSpec.fake`.
+standard ones with `OpSpec.custom_op_types` as types. The kernel calls the slot (its token
+buckets and fallback included).
+
+The op is functional: it mutates no input and its outputs alias none. An impl may write into
+the parameters `OpSpec.mutates` names (a fused add-RMSNorm writes x and residual, in-place RoPE
+query and key), so the kernel hands it copies of those: one copy kernel per such input and call,
+the price of the opaque node (measure it on the device before turning this on by default). The
+alternative, declaring the writes (``Tensor(a!)``) so that inductor's re-inplacing can drop the
+copies, needs a fixed number of ``Tensor`` returns per op (functionalization refuses ``Tensor[]``
+with mutated inputs); SGLang's callers use the returned tensors, never the written inputs.
+The fake kernel runs the op's reference implementation on fake tensors (the layer's
+``layer_attrs`` made fake), or `OpSpec.fake`.
 """
 
 from __future__ import annotations
@@ -37,19 +42,13 @@ _entries: list[tuple[object, object]] = []
 
 
 def schema(spec: OpSpec) -> str:
-    """``rms_norm(int key, Tensor(a!) x, Tensor(b!)? residual=None, ...) -> Tensor[]``."""
-    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    """``rms_norm(int key, Tensor x, Tensor? residual=None, ...) -> Tensor[]``."""
     defaults = {p.name: p.default for p in spec.parameters}
     parts = ["int key"]
     for name, typ in spec.custom_op_types():
-        if name in spec.mutates:
-            if not typ.startswith("Tensor"):
-                raise ValueError(f"op {spec.name}: mutated parameter {name!r} is not a Tensor ({typ})")
-            typ = typ.replace("Tensor", f"Tensor({next(letters)}!)", 1)
-        default = defaults[name]
         text = f"{typ} {name}"
-        if default is not _EMPTY:
-            text += "=" + _schema_default(default)
+        if defaults[name] is not _EMPTY:
+            text += "=" + _schema_default(defaults[name])
         parts.append(text)
     return f"{spec.name}({', '.join(parts)}) -> Tensor[]"
 
@@ -83,7 +82,7 @@ def define(spec: OpSpec, reference_fn) -> object:
         if _library is None:
             _library = torch.library.Library(NAMESPACE, "FRAGMENT")
         _library.define(schema(spec))
-        _library.impl(spec.name, _kernel, "CompositeExplicitAutograd")
+        _library.impl(spec.name, _kernel_for(spec), "CompositeExplicitAutograd")
         _reference[spec.name] = reference_fn
         torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _fake_for(spec), lib=_library)
         op = getattr(getattr(torch.ops, NAMESPACE), spec.name).default
@@ -91,13 +90,26 @@ def define(spec: OpSpec, reference_fn) -> object:
         return op
 
 
-def _kernel(key: int, *args):
-    obj, slot = _entries[key]
-    try:
-        out = slot.fn(obj, *args)
-    except Exception as exc:  # noqa: BLE001 - the slot's fallback, as the bridges do
-        out = slot.call_after_failure(exc, obj, *args)
-    return _unaliased(out, args)
+def _kernel_for(spec: OpSpec):
+    written = tuple(i for i, (name, _) in enumerate(spec.custom_op_types()) if name in spec.mutates)
+    defaults = _trailing_defaults(spec)
+
+    def kernel(key: int, *args):
+        obj, slot = _entries[key]
+        if len(args) < len(defaults):  # the dispatcher leaves out trailing defaults
+            args = (*args, *defaults[len(args):])
+        if written:  # the impl may write into these: let it write into copies
+            args = list(args)
+            for i in written:
+                if args[i] is not None:
+                    args[i] = args[i].clone()
+        try:
+            out = slot.fn(obj, *args)
+        except Exception as exc:  # noqa: BLE001 - the slot's fallback, as the bridges do
+            out = slot.call_after_failure(exc, obj, *args)
+        return _unaliased(out, args)
+
+    return kernel
 
 
 def _unaliased(out, args) -> list:
@@ -111,8 +123,17 @@ def _unaliased(out, args) -> list:
             for o in outs]
 
 
+def _trailing_defaults(spec: OpSpec) -> tuple:
+    """Every parameter after ``obj``, as its default (placeholders where there is none)."""
+    return tuple(p.default for p in spec.parameters[1:])
+
+
 def _fake_for(spec: OpSpec):
+    defaults = _trailing_defaults(spec)
+
     def fake(key: int, *args):
+        if len(args) < len(defaults):
+            args = (*args, *defaults[len(args):])
         obj = _fake_layer(spec, _entries[key][0], args)
         fn = spec.fake or _reference[spec.name]
         out = fn(obj, *args)

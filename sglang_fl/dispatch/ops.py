@@ -78,8 +78,8 @@ class OpSpec:
     #: bucket (``op_backends: op@bucket``); default: the first parameter after ``obj``.
     size_arg: str | None = None
     size_dim: int = 0
-    #: Tensor parameters an implementation may write into (the contract says so): a custom op
-    #: (``custom_ops``) declares them mutated, so torch.compile keeps the writes.
+    #: Tensor parameters an implementation may write into (the contract says so): the custom
+    #: op (``custom_ops``) hands the impl copies of them, so the op stays functional.
     mutates: tuple[str, ...] = ()
     #: Custom-op schema types of parameters whose type the default does not tell
     #: (`custom_op_types`): a parameter without default is a Tensor, ``None`` an optional
