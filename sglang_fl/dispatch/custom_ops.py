@@ -6,8 +6,8 @@ FlagGems' own Python (a ``logger.debug``, ``libentry``'s kernel-parameter slicin
 op the routed call is one opaque node: dynamo records it, a fake kernel gives its output shapes,
 and the impl runs only when the compiled graph runs.
 
-One op per op-table entry, schema generated from the entry: ``<op>(int key, <params>) ->
-Tensor[]``. ``key`` indexes the (layer, slot) pairs registered here (a layer is no schema type;
+One op per op-table entry, schema generated from the entry: ``<op>(int fl_layer, <params>) ->
+Tensor[]``. ``fl_layer`` indexes the (layer, slot) pairs registered here (a layer is no schema type;
 vLLM passes its attention layers by name the same way); the other parameters are the op's
 standard ones with `OpSpec.custom_op_types` as types. The kernel calls the slot (its token
 buckets and fallback included).
@@ -18,7 +18,9 @@ query and key), so the kernel hands it copies of those: one copy kernel per such
 the price of the opaque node (measure it on the device before turning this on by default). The
 alternative, declaring the writes (``Tensor(a!)``) so that inductor's re-inplacing can drop the
 copies, needs a fixed number of ``Tensor`` returns per op (functionalization refuses ``Tensor[]``
-with mutated inputs); SGLang's callers use the returned tensors, never the written inputs.
+with mutated inputs); SGLang's callers use the returned tensors. Where the contract has an ``inplace`` parameter
+(RoPE: "inplace writes into query and key and returns them"), the caller (Python, traced by
+torch.compile) copies the outputs back into the `OpSpec.mutates` inputs and returns those.
 The fake kernel runs the op's reference implementation on fake tensors (the layer's
 ``layer_attrs`` made fake), or `OpSpec.fake`.
 """
@@ -42,9 +44,9 @@ _entries: list[tuple[object, object]] = []
 
 
 def schema(spec: OpSpec) -> str:
-    """``rms_norm(int key, Tensor x, Tensor? residual=None, ...) -> Tensor[]``."""
+    """``rms_norm(int fl_layer, Tensor x, Tensor? residual=None, ...) -> Tensor[]``."""
     defaults = {p.name: p.default for p in spec.parameters}
-    parts = ["int key"]
+    parts = ["int fl_layer"]  # not "key": RoPE has a parameter of that name
     for name, typ in spec.custom_op_types():
         text = f"{typ} {name}"
         if defaults[name] is not _EMPTY:
@@ -168,7 +170,7 @@ def register(obj, slot) -> int:
         return len(_entries) - 1
 
 
-def make_caller(spec: OpSpec, op, slot):
+def make_caller(spec: OpSpec, op, slot, obj=None):
     """``fn(obj, <op's parameters>)`` calling ``op(key, ...)``: the op's signature (so callers
     pass what they pass to any impl), the key registered for the first ``obj`` seen and
     re-registered if another one comes (a method object serving one FusedMoE layer sees one)."""
@@ -178,9 +180,18 @@ def make_caller(spec: OpSpec, op, slot):
            f"    if {params[0].name} is not _seen[0]:\n"
            f"        _seen[0] = {params[0].name}\n"
            f"        _seen[1] = _register({params[0].name}, _slot)\n"
-           f"    out = _op(_seen[1], {', '.join(names)})\n"
-           f"    return out[0] if len(out) == 1 else tuple(out)\n")
-    scope = {"_seen": [_Empty, -1], "_register": register, "_slot": slot, "_op": op}
+           f"    _fl_out = _op(_seen[1], {', '.join(names)})\n")
+    if "inplace" in names and spec.mutates:
+        # The contract: with inplace, the outputs are written into these inputs and returned.
+        # The op itself is functional, so write them back here, where torch.compile sees it.
+        written = ", ".join(spec.mutates)
+        src += (f"    if inplace:\n"
+                f"        for _fl_dst, _fl_src in zip(({written},), _fl_out):\n"
+                f"            _fl_dst.copy_(_fl_src)\n"
+                f"        return ({written},)\n")
+    src += "    return _fl_out[0] if len(_fl_out) == 1 else tuple(_fl_out)\n"
+    seen = [_Empty, -1] if obj is None else [obj, register(obj, slot)]
+    scope = {"_seen": seen, "_register": register, "_slot": slot, "_op": op}
     exec(compile(src, f"<sglang_fl custom op {spec.name}>", "exec"), scope)  # noqa: S102
     return scope["call"]
 
@@ -191,9 +202,11 @@ class CustomOpSlot:
 
     __slots__ = ("inner", "fn")
 
-    def __init__(self, inner, spec: OpSpec, reference_fn) -> None:
+    def __init__(self, inner, spec: OpSpec, reference_fn, obj=None) -> None:
+        """``obj``: the layer the bridge will pass, registered now (a first call that
+        torch.compile traces then finds no lock to take); another one is registered when seen."""
         self.inner = inner
-        self.fn = make_caller(spec, define(spec, reference_fn), inner)
+        self.fn = make_caller(spec, define(spec, reference_fn), inner, obj)
 
     @property
     def resolved(self):

@@ -84,10 +84,11 @@ class LayerRouter:
         make_bridge = bridge_for(route.op_name)
         spec = OPS_BY_NAME[route.op_name]
 
+        slot = make_slot(routes, class_name, log_path, spec)
+        if self.settings.custom_ops:  # defined and keyed now: a first call may be traced
+            slot = CustomOpSlot(slot, spec, self.reference_fn(route.op_name), layer)
+
         def bind_on_first_call(*args, **kwargs):
-            slot = make_slot(routes, class_name, log_path, spec)
-            if self.settings.custom_ops:
-                slot = CustomOpSlot(slot, spec, self.reference_fn(route.op_name))
             forward = make_bridge(layer, slot, native)
             layer._forward_method = forward
             return forward(*args, **kwargs)
