@@ -233,7 +233,7 @@ def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
         got_t, want_t = _tensors(canon(got), torch), _tensors(canon(want), torch)
         if len(got_t) != len(want_t):
             return f"variant {n}: {len(got_t)} outputs, the reference gives {len(want_t)}"
-        for i, (g_, w_) in enumerate(zip(got_t, want_t)):
+        for i, (g_, w_) in enumerate(zip(got_t, want_t, strict=True)):
             if g_.shape != w_.shape:
                 return f"variant {n} output {i}: shape {tuple(g_.shape)}, expected {tuple(w_.shape)}"
             if not g_.is_floating_point():
@@ -352,7 +352,6 @@ def pick_per_kind(manager, op: str) -> dict[str, object]:
 
 def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, device,
          ops=None, iters: int = 20, warmup: int = 3, repeats: int = 5, progress=None) -> TuneResult:
-    import torch
 
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
@@ -442,7 +441,7 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         f"# shapes: {result.shapes.describe()} (from {result.shapes.source}); dtype {result.dtype}",
         f"# buckets: {format_buckets(result.buckets)}; token counts timed: "
         + "; ".join(f"{n} {','.join(map(str, ts))}" for n, ts in result.tokens.items()),
-        f"# timing: eager, us per call (an op's variants summed: rms_norm without and with residual),",
+        "# timing: eager, us per call (an op's variants summed: rms_norm without and with residual),",
         f"#   median of {st['repeats']} repeats of {st['iters']} calls after {st['warmup']} warm-up calls;",
         "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
         f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",

@@ -105,7 +105,7 @@ class SizeRoutedSlot:
         """The slot of the bucket holding this call's token count."""
         x = args[self._index] if len(args) > self._index else kwargs[self._name]
         tokens = x.shape[self._dim]
-        for bound, slot in zip(self.bounds, self.slots):
+        for bound, slot in zip(self.bounds, self.slots, strict=False):
             if tokens <= bound:
                 return slot
         return self.slots[-1]

@@ -20,8 +20,8 @@ import functools
 import pkgutil
 
 from sglang_fl.config import Settings
-from sglang_fl.dispatch.manager import OpManager
 from sglang_fl.dispatch.custom_ops import CustomOpSlot
+from sglang_fl.dispatch.manager import OpManager
 from sglang_fl.dispatch.ops import OPS, OPS_BY_NAME
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.sglang_glue.adapters import get_adapter

@@ -56,9 +56,9 @@ def test_each_op_passes_opcheck_and_matches_its_impl(sglang_with_plugin, op_name
         got = op(key, *clones)
         want = _outs(reference(layer, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
         assert len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
-        for a, c in zip(args, clones):  # functional: the inputs are left as they were
+        for a, c in zip(args, clones, strict=True):  # functional: the inputs are left as they were
             if isinstance(a, torch.Tensor):
                 torch.testing.assert_close(c, a, rtol=0, atol=0)
         torch.library.opcheck(op, (key, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
