@@ -145,3 +145,34 @@ def test_a_bucket_without_any_implementation_fails_at_start_up_naming_it(sglang_
     router, manager = router_with(env, Counting())
     with pytest.raises(NoImplementationError, match="op 'silu_and_mul' in token bucket 'prefill'"):
         manager.resolve_all(["silu_and_mul"])
+
+
+def test_config_and_ops_show_the_buckets():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    env.update(SGLANG_FL_PLATFORM="cpu", SGLANG_FL_TOKEN_BUCKETS="small=16;large",
+               SGLANG_FL_PER_OP="silu_and_mul@small=reference|flagos;silu_and_mul@large=reference")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "sglang_fl.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=240)
+
+    proc = cli("config")
+    assert proc.returncode == 0, proc.stderr
+    assert "small<=16; large>16" in proc.stdout and "(env SGLANG_FL_TOKEN_BUCKETS)" in proc.stdout
+    assert "silu_and_mul@small=reference|flagos; silu_and_mul@large=reference" in proc.stdout
+    proc = cli("ops", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["token_buckets"] == [{"name": "small", "max_tokens": 16}, {"name": "large", "max_tokens": None}]
+    buckets = data["ops"]["silu_and_mul"]["buckets"]
+    assert buckets["small"]["order"] == ["reference", "flagos"] and buckets["small"]["tokens"] == "tokens<=16"
+    assert buckets["large"]["chosen"] == "reference(reference)" and buckets["large"]["tokens"] == "tokens>16"
+    assert data["ops"]["rms_norm"]["buckets"] == {}  # no order of its own per bucket
+    proc = cli("ops")
+    assert "token buckets: small<=16; large>16 (from env SGLANG_FL_TOKEN_BUCKETS)" in proc.stdout
+    assert "bucket small (tokens<=16): chosen: reference(reference)   order: reference>flagos" in proc.stdout
