@@ -82,24 +82,21 @@ class SizeRoutedSlot:
         self.bounds = tuple(hi for hi, _, _ in routes[:-1])
         self.slots = tuple(ImplSlot(r, class_name, log_path, f" [{name}: {_range(routes, i)}]")
                            for i, (_, name, r) in enumerate(routes))
-        self._index, self._name, self._dim = spec.size_position, spec.size_arg, spec.size_dim
-        self.fn = self._router()
+        self._index, self._dim = spec.size_position, spec.size_dim
+        self._name = spec.parameters[self._index].name
+        self.fn = self._router(spec)
 
-    def _router(self):
-        slots, bounds = self.slots, self.bounds
-        if len(slots) == 2 and self._index == 1 and self._dim == 0:
-            small, large = slots
-            bound = bounds[0]
-
-            def by_tokens(obj, x, *args, **kwargs):
-                return (small if x.shape[0] <= bound else large).fn(obj, x, *args, **kwargs)
-
-            return by_tokens
-
-        def by_tokens_generic(*args, **kwargs):
-            return self.pick(args, kwargs).fn(*args, **kwargs)
-
-        return by_tokens_generic
+    def _router(self, spec: OpSpec):
+        """``fn`` with the op's own signature (no ``*args`` packing on the hot path): read the
+        token count, pick the bucket's slot (one comparison per boundary), call its ``fn``."""
+        names = [p.name for p in spec.parameters]
+        chain = "".join(f"_s{i} if _t <= {b} else " for i, b in enumerate(self.bounds))
+        src = (f"def by_tokens{spec.signature}:\n"
+               f"    _t = {names[self._index]}.shape[{self._dim}]\n"
+               f"    return ({chain}_s{len(self.bounds)}).fn({', '.join(names)})\n")
+        scope = {f"_s{i}": slot for i, slot in enumerate(self.slots)}
+        exec(compile(src, f"<sglang_fl token buckets {spec.name}>", "exec"), scope)  # noqa: S102
+        return scope["by_tokens"]
 
     def pick(self, args: tuple, kwargs: dict) -> ImplSlot:
         """The slot of the bucket holding this call's token count."""

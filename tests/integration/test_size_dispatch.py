@@ -176,3 +176,22 @@ def test_config_and_ops_show_the_buckets():
     proc = cli("ops")
     assert "token buckets: small<=16; large>16 (from env SGLANG_FL_TOKEN_BUCKETS)" in proc.stdout
     assert "bucket small (tokens<=16): chosen: reference(reference)   order: reference>flagos" in proc.stdout
+
+
+def test_three_buckets_route_each_count_to_its_bucket(sglang_with_plugin, tmp_path):
+    log = tmp_path / "d.log"
+    impl = Counting()
+    env = {"SGLANG_FL_TOKEN_BUCKETS": "tiny=1;mid=8;large", "SGLANG_FL_DISPATCH_LOG": str(log),
+           "SGLANG_FL_PER_OP": "rms_norm=flagos|reference;rms_norm@mid=reference"}
+    router, _ = router_with(env, impl)
+    layer, native = make_layer()
+    layer._forward_method = router.bind(layer, native)
+    for tokens in (1, 2, 8, 9, 100, 1):
+        x = torch.randn(tokens, 64)
+        torch.testing.assert_close(layer.forward(x), layer.forward_native(x))
+    assert impl.tokens == [1, 9, 100, 1]
+    assert log.read_text().splitlines() == [
+        "[OOT-DISPATCH] RMSNorm → flagos(flagos) [tiny: tokens<=1]",
+        "[OOT-DISPATCH] RMSNorm → reference(reference) [mid: 1<tokens<=8]",
+        "[OOT-DISPATCH] RMSNorm → flagos(flagos) [large: tokens>8]",
+    ]
