@@ -24,10 +24,16 @@ SHAPES = ModelShapes(hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=1
 
 
 def reference_manager(env=None):
+    """The reference backend, and its rms_norm kernel once more as a vendor impl (so that
+    token buckets can have different candidates)."""
+    from sglang_fl.dispatch.types import OpImpl
+
     settings = build_settings(env={"SGLANG_FL_PREFER": "reference", **(env or {})},
                               detect_platform=lambda: "cpu")
     registry = OpRegistry()
     registry.register_many(ReferenceBackend().op_impls())
+    ref = next(i.fn for i in registry.impls("rms_norm"))
+    registry.register(OpImpl("rms_norm", "vendor.bench", "vendor", ref, vendor="bench"))
     return settings, OpManager(registry, SelectionPolicy.from_settings(settings))
 
 
@@ -124,12 +130,16 @@ def inputs(tokens):
     {"SGLANG_FL_CUSTOM_OPS": "1"},
     # token buckets inside the op: the size decision is taken when the op runs, not traced
     {"SGLANG_FL_CUSTOM_OPS": "1", "SGLANG_FL_TOKEN_BUCKETS": "decode=4;prefill",
-     "SGLANG_FL_PER_OP": "rms_norm@decode=reference;rms_norm@prefill=reference|vendor"},
+     "SGLANG_FL_PER_OP": "rms_norm@decode=vendor;rms_norm@prefill=reference"},
 ], ids=["plain", "buckets"])
 def test_routed_layers_compile_fullgraph_without_breaks(sglang_with_plugin, env):
     block, native, settings = routed_block(env)
     assert settings.custom_ops
     block(*inputs(3))  # each layer's first call builds its bridge (SGLang's warm-up pass does)
+    buckets = "SGLANG_FL_TOKEN_BUCKETS" in env
+    slot = next(c.cell_contents for c in block.norm._forward_method.__closure__
+                if type(c.cell_contents).__name__ == "CustomOpSlot")
+    assert type(slot.inner).__name__ == ("SizeRoutedSlot" if buckets else "ImplSlot")
     torch._dynamo.reset()
     explained = torch._dynamo.explain(block)(*inputs(5))
     assert explained.graph_break_count == 0, explained.break_reasons
