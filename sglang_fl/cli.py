@@ -1,9 +1,10 @@
 """``sglang-fl`` command line: inspect the effective configuration and op dispatch.
 
 - ``sglang-fl config [--json]``: every setting, its value and where it came from.
-- ``sglang-fl ops [--json]``: per op of the op table, its standard signature and the SGLang
-  classes it serves (and whether the OOT white/blacklist routes them), the impl chosen on this
-  machine, the kind order and the setting it came from, the candidates in order, why every
+- ``sglang-fl ops [--json]``: the token buckets, then per op of the op table, its standard
+  signature and the SGLang classes it serves (and whether the OOT white/blacklist routes them),
+  the impl chosen on this machine, the kind order and the setting it came from (and, per token
+  bucket with an order of its own, that bucket's choice and order), the candidates in order, why every
   other registered impl or backend was skipped (a vendor refused by the op table included), and
   (``preferred_unavailable``) the preferred kinds it had to pass over.
 Other subcommands (``make-tiny-model``, ``demo``, ...) are added by ``cli_*`` modules.
@@ -21,10 +22,14 @@ import sys
 
 from sglang_fl.config import FIELDS, SettingsError, get_settings
 
-_EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor")
+_EXTRA_COMMAND_MODULES = ("sglang_fl.cli_serving", "sglang_fl.cli_doctor", "sglang_fl.cli_tune")
 
 
-def _format_value(value) -> str:
+def _format_value(value, name: str = "") -> str:
+    if name == "token_buckets":
+        from sglang_fl.config.settings import format_buckets
+
+        return format_buckets(value.items())
     if isinstance(value, dict):
         return "; ".join(f"{k}={'|'.join(v)}" for k, v in value.items()) or "{}"
     if isinstance(value, list):
@@ -41,7 +46,8 @@ def cmd_config(args) -> int:
         return 0
     width = max(len(f.name) for f in FIELDS)
     for f in FIELDS:
-        print(f"{f.name:<{width}}  {_format_value(values[f.name]):<28}  ({settings.origins[f.name]})")
+        print(f"{f.name:<{width}}  {_format_value(values[f.name], f.name):<28}  "
+              f"({settings.origins[f.name]})")
     return 0
 
 
@@ -54,6 +60,9 @@ def ops_report() -> dict:
     manager = get_manager()
     report = {
         "platform": settings.platform,
+        "token_buckets": [{"name": n, "max_tokens": hi} for n, hi in settings.token_buckets],
+        "token_buckets_from": settings.origins["token_buckets"],
+        "custom_ops": settings.custom_ops,
         "backends": [
             {"name": b.name, "kind": b.kind, "available": b.available,
              "detail": b.reason, "ops": list(b.ops), "missing": b.missing,
@@ -93,6 +102,20 @@ def ops_report() -> dict:
         except NoImplementationError as exc:
             entry["chosen"] = None
             entry["error"] = str(exc)
+        # Token buckets with an order of their own (``op@bucket``): what each one runs.
+        entry["buckets"] = {}
+        lo = 0
+        for bucket, hi in settings.token_buckets:
+            tokens, lo = (f"tokens<={hi}" if hi is not None else f"tokens>{lo}"), hi or lo
+            if manager.policy.order_origin(op, bucket) != f"{op}@{bucket}":
+                continue
+            b_entry = {"max_tokens": hi, "tokens": tokens, "order": list(manager.policy.kinds_for(op, bucket)),
+                       "candidates": [i.impl_id for i in manager.selection(op, bucket).candidates]}
+            try:
+                b_entry["chosen"] = manager.resolve(op, bucket).impl.label
+            except NoImplementationError as exc:
+                b_entry["chosen"], b_entry["error"] = None, str(exc)
+            entry["buckets"][bucket] = b_entry
         report["ops"][op] = entry
     return report
 
@@ -101,7 +124,8 @@ def cmd_ops(args) -> int:
     report = ops_report()
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0 if all(e["chosen"] for e in report["ops"].values()) else 1
+        return 0 if all(e["chosen"] and all(b["chosen"] for b in e["buckets"].values())
+                        for e in report["ops"].values()) else 1
     print(f"platform: {report['platform']}")
     print("backends:")
     for b in report["backends"]:
@@ -120,6 +144,10 @@ def cmd_ops(args) -> int:
     default = report["attention_backend_default"]
     if default:
         print(f"  default when --attention-backend is unset: {default['name']} (from {default['from']})")
+    from sglang_fl.config.settings import format_buckets
+
+    print(f"token buckets: {format_buckets((b['name'], b['max_tokens']) for b in report['token_buckets'])}"
+          f" (from {report['token_buckets_from']}); custom ops: {'on' if report['custom_ops'] else 'off'}")
     print("ops:")
     ok = True
     pad = " " * 19
@@ -132,6 +160,13 @@ def cmd_ops(args) -> int:
             serves = "SGLang's " + ", ".join(e["called_as"])
         print(f"{pad}serves: {serves}; signature: {e['signature']}")
         print(f"{pad}candidates: {', '.join(e['candidates']) or '-'}")
+        for name, b in e["buckets"].items():
+            print(f"{pad}bucket {name} ({b['tokens']}): chosen: {b['chosen'] or 'NONE'}"
+                  f"   order: {'>'.join(b['order'])} (from op_backends {op}@{name}); "
+                  f"candidates: {', '.join(b['candidates']) or '-'}")
+            if b.get("error"):
+                ok = False
+                print(f"{pad}ERROR: {b['error']}")
         for s in e["skipped"]:
             print(f"{pad}skipped {s['impl']}: {s['why']}")
         if e.get("preferred_unavailable"):

@@ -107,11 +107,20 @@ def _kind_list(raw: Any, where: str) -> tuple[str, ...]:
     return kinds
 
 
-_PER_OP_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z|\s]+?)\s*$")
+_PER_OP_ITEM = re.compile(
+    r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:@\s*([A-Za-z_][A-Za-z0-9_]*)\s*)?=\s*([A-Za-z|\s]+?)\s*$")
+
+#: ``op_backends`` keys are ``op`` (every token bucket) or ``op@bucket`` (one bucket).
+BUCKET_SEP = "@"
 
 
 def _op_backends(raw: Any, where: str) -> Mapping[str, tuple[str, ...]]:
-    """``rms_norm=vendor|flagos;silu_and_mul=reference`` (env) or a YAML mapping op -> list."""
+    """``rms_norm=vendor|flagos;silu_and_mul@decode=flagos|vendor`` (env) or a YAML mapping
+    op -> [kinds] or op -> {bucket: [kinds]} (or ``op@bucket: [kinds]``).
+
+    The result is flat: key ``op`` is the op's order for every bucket without its own,
+    key ``op@bucket`` the order of one token bucket. Bucket names are checked against
+    ``token_buckets`` once both are known (`_check_combinations`)."""
     result: dict[str, tuple[str, ...]] = {}
     if raw is None:
         return MappingProxyType(result)
@@ -120,24 +129,100 @@ def _op_backends(raw: Any, where: str) -> Mapping[str, tuple[str, ...]]:
             m = _PER_OP_ITEM.match(chunk)
             if not m:
                 raise SettingsError(
-                    f"{where}: malformed entry {chunk!r}; expected 'op=kind|kind;op=kind', "
-                    f"e.g. 'rms_norm=vendor|flagos;silu_and_mul=reference'"
+                    f"{where}: malformed entry {chunk!r}; expected 'op=kind|kind;op@bucket=kind', "
+                    f"e.g. 'rms_norm=vendor|flagos;silu_and_mul@decode=flagos|vendor'"
                 )
-            op, kinds = m.group(1), m.group(2).replace("|", ",")
-            result[op] = _kind_list(kinds, f"{where}[{op}]")
+            op, bucket, kinds = m.group(1), m.group(2), m.group(3).replace("|", ",")
+            key = f"{op}{BUCKET_SEP}{bucket}" if bucket else op
+            result[key] = _kind_list(kinds, f"{where}[{key}]")
     elif isinstance(raw, Mapping):
         for op, kinds in raw.items():
+            op = str(op).replace(" ", "")
+            if isinstance(kinds, Mapping):
+                if BUCKET_SEP in op:
+                    raise SettingsError(f"{where}.{op}: a per-bucket key takes a list of kinds, "
+                                        f"got a mapping {dict(kinds)!r}")
+                if not kinds:
+                    raise SettingsError(f"{where}.{op}: empty mapping; give bucket: [kinds] "
+                                        "entries or a list of kinds")
+                for bucket, bkinds in kinds.items():
+                    key = f"{op}{BUCKET_SEP}{bucket}"
+                    if isinstance(bkinds, str):
+                        bkinds = bkinds.replace("|", ",")
+                    result[key] = _kind_list(bkinds, f"{where}.{op}.{bucket}")
+                continue
             if isinstance(kinds, str):
                 kinds = kinds.replace("|", ",")
-            result[str(op)] = _kind_list(kinds, f"{where}.{op}")
+            result[op] = _kind_list(kinds, f"{where}.{op}")
     else:
         raise SettingsError(f"{where} must be a mapping op -> [kinds] or 'op=kind|kind;...', got {raw!r}")
-    bad = [f"{op!r}{did_you_mean(op)}" for op in result if op not in OP_NAMES]
+    ops = {key.split(BUCKET_SEP, 1)[0] for key in result}
+    bad = [f"{op!r}{did_you_mean(op)}" for op in sorted(ops) if op not in OP_NAMES]
     if bad:
         raise SettingsError(
             f"{where} names unknown op(s) {', '.join(bad)}; accepted ops: {', '.join(OP_NAMES)}"
         )
     return MappingProxyType(result)
+
+
+_BUCKET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _token_buckets(raw: Any, where: str) -> tuple[tuple[str, int | None], ...]:
+    """Token-count buckets, smallest first: ``decode=64;prefill`` (env) or a YAML mapping
+    ``{decode: 64, prefill: null}``. Each bucket but the last names its largest token count
+    (inclusive, strictly increasing); the last has none (it takes every larger count)."""
+    if isinstance(raw, str):
+        items = []
+        for chunk in filter(None, (c.strip() for c in raw.split(";"))):
+            name, sep, bound = chunk.partition("=")
+            items.append((name.strip(), bound.strip() if sep else None))
+    elif isinstance(raw, Mapping):
+        items = list(raw.items())
+    else:
+        raise SettingsError(f"{where} must be a mapping bucket -> largest token count (null for the "
+                            f"last) or 'decode=64;prefill', got {raw!r}")
+    example = "e.g. 'decode=64;prefill' (YAML: {decode: 64, prefill: null})"
+    if not items:
+        raise SettingsError(f"{where}={raw!r}: no bucket; {example}")
+    buckets: list[tuple[str, int | None]] = []
+    for i, (name, bound) in enumerate(items):
+        name = str(name)
+        if not _BUCKET_NAME.match(name):
+            raise SettingsError(f"{where}: bucket name {name!r} is not accepted; accepted: a letter "
+                                f"or '_' then letters, digits, '_'; {example}")
+        if any(name == n for n, _ in buckets):
+            raise SettingsError(f"{where}: bucket {name!r} appears twice")
+        last = i == len(items) - 1
+        if bound in (None, "", "null", "none", "None"):
+            if not last:
+                raise SettingsError(f"{where}: bucket {name!r} has no largest token count; only the "
+                                    f"last bucket may be unbounded; {example}")
+            buckets.append((name, None))
+            continue
+        if last:
+            raise SettingsError(f"{where}: the last bucket {name!r} must be unbounded (it takes every "
+                                f"count above the previous bucket), got {bound!r}; {example}")
+        try:
+            value = int(str(bound).strip())
+        except ValueError:
+            raise SettingsError(f"{where}: bucket {name!r} has largest token count {bound!r}; accepted: "
+                                f"a positive integer; {example}") from None
+        previous = buckets[-1][1] if buckets else 0
+        if value <= previous:
+            raise SettingsError(f"{where}: bucket {name!r} ends at {value} tokens, which is not above "
+                                f"the previous bucket's {previous}; counts must increase")
+        buckets.append((name, value))
+    return tuple(buckets)
+
+
+def format_buckets(buckets) -> str:
+    """``decode<=64; prefill>64`` for logs and ``sglang-fl config``."""
+    parts, lo = [], 0
+    for name, hi in buckets:
+        parts.append(f"{name}<={hi}" if hi is not None else (f"{name}>{lo}" if lo else f"{name}(all)"))
+        lo = hi if hi is not None else lo
+    return "; ".join(parts)
 
 
 _BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -179,7 +264,15 @@ FIELDS: tuple[Field, ...] = (
     Field("prefer", "SGLANG_FL_PREFER", "prefer", _choice(BACKEND_KINDS), "flagos",
           "Backend kind tried first for every op."),
     Field("op_backends", "SGLANG_FL_PER_OP", "op_backends", _op_backends, MappingProxyType({}),
-          "Per-op ordered backend kinds; kinds not listed are not used for that op."),
+          "Per-op ordered backend kinds, for every token bucket (op) or one (op@bucket); kinds "
+          "not listed are not used for that op."),
+    Field("token_buckets", "SGLANG_FL_TOKEN_BUCKETS", "token_buckets", _token_buckets,
+          (("decode", 64), ("prefill", None)),
+          "Token-count buckets an op's order may depend on (op_backends 'op@bucket'): each "
+          "bucket's largest count, the last unbounded."),
+    Field("custom_ops", "SGLANG_FL_CUSTOM_OPS", "custom_ops", _bool, False,
+          "Call routed ops through torch.library custom ops (one opaque node for torch.compile "
+          "and piecewise CUDA graphs); costs a dispatcher call in eager mode."),
     Field("oot_blacklist", "SGLANG_FL_OOT_BLACKLIST", "oot_blacklist", _names(ROUTED_CLASSES), (),
           "Layer-2 classes left on SGLang's own forward."),
     Field("oot_whitelist", "SGLANG_FL_OOT_WHITELIST", "oot_whitelist", _names(ROUTED_CLASSES), (),
@@ -240,6 +333,8 @@ class Settings:
     oot_enabled: bool
     prefer: str
     op_backends: Mapping[str, tuple[str, ...]]
+    token_buckets: tuple[tuple[str, int | None], ...]
+    custom_ops: bool
     oot_blacklist: tuple[str, ...]
     oot_whitelist: tuple[str, ...]
     strict: bool
@@ -267,6 +362,8 @@ class Settings:
             value = getattr(self, f.name)
             if isinstance(value, Mapping):
                 value = {k: list(v) for k, v in value.items()}
+            elif f.name == "token_buckets":
+                value = dict(value)
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -277,9 +374,17 @@ class Settings:
         """Backend kinds tried for an op without its own ``op_backends`` entry."""
         return (self.prefer,) + tuple(k for k in BACKEND_KINDS if k != self.prefer)
 
-    def backend_order(self, op: str) -> tuple[str, ...]:
-        """Backend kinds to try for ``op``, first to last."""
+    def backend_order(self, op: str, bucket: str | None = None) -> tuple[str, ...]:
+        """Backend kinds to try for ``op`` (in token bucket ``bucket``), first to last."""
+        if bucket is not None:
+            order = self.op_backends.get(f"{op}{BUCKET_SEP}{bucket}")
+            if order is not None:
+                return order
         return self.op_backends.get(op, self.default_order)
+
+    @property
+    def bucket_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.token_buckets)
 
     def routes_class(self, class_names: tuple[str, ...]) -> bool:
         """Whether a layer whose routed class names are ``class_names`` goes through Layer 2."""
@@ -399,6 +504,14 @@ def _resolve_lists(values, origins, white: str, black: str, names: str, yaml_whi
 
 def _check_combinations(values: dict[str, Any], origins: dict[str, str],
                         platform_data: dict[str, Any]) -> None:
+    buckets = tuple(name for name, _ in values["token_buckets"])
+    bad = [k for k in values["op_backends"]
+           if BUCKET_SEP in k and k.split(BUCKET_SEP, 1)[1] not in buckets]
+    if bad:
+        raise SettingsError(
+            f"op_backends (from {origins['op_backends']}) names unknown token bucket(s) in "
+            f"{', '.join(map(repr, bad))}; accepted buckets: {', '.join(buckets)} (token_buckets "
+            f"from {origins['token_buckets']})")
     # The platform YAML's flagos_blacklist names ops known to be wrong on that chip: a user's
     # blacklist adds to it rather than bringing them back (only a whitelist can).
     platform_black = FIELDS_BY_NAME["flagos_blacklist"].parse(

@@ -32,6 +32,9 @@ class ResolvedOp:
     #: (kind, why) for each kind of the op's order before the chosen impl's that had no candidate.
     passed_over: tuple[tuple[str, str], ...] = ()
     failed: list[tuple[str, str]] = field(default_factory=list)
+    #: The token bucket whose own order (``op@bucket``) this resolution follows; None: the
+    #: op's order for every bucket without one.
+    bucket: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -85,30 +88,50 @@ class OpManager:
     def record_backend(self, status: BackendStatus) -> None:
         self.backends[status.name] = status
 
-    def selection(self, op_name: str) -> Selection:
-        return self.policy.select(op_name, self.registry.impls(op_name))
+    def selection(self, op_name: str, bucket: str | None = None) -> Selection:
+        return self.policy.select(op_name, self.registry.impls(op_name), bucket)
 
-    def resolve(self, op_name: str) -> ResolvedOp:
-        resolved = self._resolved.get(op_name)
+    def _own_bucket(self, op_name: str, bucket: str | None) -> str | None:
+        """``bucket`` if the op has an order of its own there, else None (the op-wide one)."""
+        if bucket is not None and self.policy.order_origin(op_name, bucket) == f"{op_name}@{bucket}":
+            return bucket
+        return None
+
+    def resolve(self, op_name: str, bucket: str | None = None) -> ResolvedOp:
+        """The op's resolution in token bucket ``bucket`` (None: the op-wide order); buckets
+        without an order of their own share the op-wide resolution, fallback state included."""
+        key = (op_name, self._own_bucket(op_name, bucket))
+        resolved = self._resolved.get(key)
         if resolved is not None:
             return resolved
         with self._lock:
-            resolved = self._resolved.get(op_name)
+            resolved = self._resolved.get(key)
             if resolved is None:
-                resolved = self._resolve_uncached(op_name)
-                self._resolved[op_name] = resolved
+                resolved = (self._resolve_uncached(op_name) if key[1] is None
+                            else self._resolve_uncached(op_name, key[1]))
+                self._resolved[key] = resolved
             return resolved
 
-    def _resolve_uncached(self, op_name: str) -> ResolvedOp:
-        sel = self.selection(op_name)
+    def resolve_by_size(self, op_name: str):
+        """The op's routes by token count: one `ResolvedOp` when every bucket resolves to the
+        same candidates (nothing to decide per call), else ``((largest count or None, bucket,
+        ResolvedOp), ...)`` smallest bucket first."""
+        routes = tuple((hi, name, self.resolve(op_name, name)) for name, hi in self.policy.token_buckets)
+        first = routes[0][2]
+        if all(_ids(r) == _ids(first) for _, _, r in routes):
+            return first
+        return routes
+
+    def _resolve_uncached(self, op_name: str, bucket: str | None = None) -> ResolvedOp:
+        sel = self.selection(op_name, bucket)
         if not sel.candidates:
-            raise NoImplementationError(self.explain_missing(op_name, sel))
+            raise NoImplementationError(self.explain_missing(op_name, sel, bucket))
         chosen_kind = sel.candidates[0].kind.value
-        order = self.policy.accepted_kinds(op_name)
-        passed_over = tuple((k, self.why_no_candidate(op_name, k, sel))
+        order = self.policy.accepted_kinds(op_name, bucket)
+        passed_over = tuple((k, self.why_no_candidate(op_name, k, sel, bucket))
                             for k in order[:order.index(chosen_kind)])
         return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict,
-                          passed_over=passed_over)
+                          passed_over=passed_over, bucket=bucket)
 
     def resolve_all(self, op_names) -> dict[str, ResolvedOp]:
         """Resolve every op in ``op_names`` (start-up): log, once, each op that runs on a later
@@ -117,15 +140,20 @@ class OpManager:
         op_names = tuple(op_names)
         resolved: dict[str, ResolvedOp] = {}
         missing: list[NoImplementationError] = []
+        names: list[str] = []
         for op in op_names:
-            try:
-                resolved[op] = self.resolve(op)
+            try:  # each token bucket's order (its own, or the op-wide one)
+                found = {}
+                for bucket, _ in self.policy.token_buckets:
+                    own = self._own_bucket(op, bucket)
+                    found[f"{op}@{own}" if own else op] = self.resolve(op, bucket)
+                resolved.update(found)
             except NoImplementationError as exc:
                 missing.append(exc)
+                names.append(op)
         if len(missing) == 1:
             raise missing[0]
         if missing:
-            names = [op for op in op_names if op not in resolved]
             strict = (" (SGLANG_FL_STRICT=1: each op accepts only the first kind of its order)"
                       if self.policy.strict else "")
             raise NoImplementationError(
@@ -137,11 +165,12 @@ class OpManager:
                 logger.warning("%s", describe_passed_over(r))
         return resolved
 
-    def skipped(self, op_name: str, sel: Selection | None = None) -> list[tuple[str, str, str]]:
+    def skipped(self, op_name: str, sel: Selection | None = None,
+                bucket: str | None = None) -> list[tuple[str, str, str]]:
         """(impl or backend, kind, why) for everything of an accepted kind that is not a
         candidate for ``op_name``, and for registered impls the policy excluded."""
-        sel = self.selection(op_name) if sel is None else sel
-        kinds = self.policy.accepted_kinds(op_name)
+        sel = self.selection(op_name, bucket) if sel is None else sel
+        kinds = self.policy.accepted_kinds(op_name, bucket)
         by_id = {i.impl_id: i for i in self.registry.impls(op_name)}
         out = [(i, by_id[i].kind.value, why) for i, why in sel.excluded]
         for b in self.backends.values():
@@ -151,18 +180,21 @@ class OpManager:
             out.append((b.name, b.kind, why + (f" here ({b.missing})" if b.available and b.missing else "")))
         return out
 
-    def why_no_candidate(self, op_name: str, kind: str, sel: Selection | None = None) -> str:
+    def why_no_candidate(self, op_name: str, kind: str, sel: Selection | None = None,
+                         bucket: str | None = None) -> str:
         """Why ``op_name`` has no candidate of ``kind`` here."""
-        why = [f"{name}: {reason}" for name, k, reason in self.skipped(op_name, sel) if k == kind]
+        why = [f"{name}: {reason}" for name, k, reason in self.skipped(op_name, sel, bucket) if k == kind]
         return "; ".join(why) or f"no {kind} backend found"
 
-    def explain_missing(self, op_name: str, sel: Selection) -> str:
-        return f"No available implementation for op {op_name!r}: {self._missing_detail(op_name, sel)}"
+    def explain_missing(self, op_name: str, sel: Selection, bucket: str | None = None) -> str:
+        where = f" in token bucket {bucket!r}" if bucket else ""
+        return (f"No available implementation for op {op_name!r}{where}: "
+                f"{self._missing_detail(op_name, sel, bucket)}")
 
-    def _missing_detail(self, op_name: str, sel: Selection) -> str:
-        kinds = self.policy.accepted_kinds(op_name)
+    def _missing_detail(self, op_name: str, sel: Selection, bucket: str | None = None) -> str:
+        kinds = self.policy.accepted_kinds(op_name, bucket)
         strict = " (strict)" if self.policy.strict else ""
-        why = "; ".join(f"no {k}: {self.why_no_candidate(op_name, k, sel)}" for k in kinds)
+        why = "; ".join(f"no {k}: {self.why_no_candidate(op_name, k, sel, bucket)}" for k in kinds)
         registered = [i.impl_id for i in self.registry.impls(op_name)] or ["none"]
         return f"accepts {'|'.join(kinds)}{strict}; {why}; registered: {', '.join(registered)}"
 
@@ -187,7 +219,12 @@ class OpManager:
 def describe_passed_over(resolved: ResolvedOp) -> str:
     """``rms_norm: preferred vendor unavailable (...); using reference(reference)``."""
     kinds = [f"{kind} unavailable ({why})" for kind, why in resolved.passed_over]
-    return f"{resolved.op_name}: preferred {', '.join(kinds)}; using {resolved.impl.label}"
+    name = resolved.op_name + (f"@{resolved.bucket}" if resolved.bucket else "")
+    return f"{name}: preferred {', '.join(kinds)}; using {resolved.impl.label}"
+
+
+def _ids(resolved: ResolvedOp | None) -> tuple[str, ...] | None:
+    return None if resolved is None else tuple(i.impl_id for i in resolved.candidates)
 
 
 _manager: OpManager | None = None

@@ -79,6 +79,21 @@ class OpSpec:
     #: For an op SGLang calls as a function, not through a layer class (``serves`` empty): the
     #: SGLang kernel entry points routed to it (``sglang_glue/gdn.py``), for ``sglang-fl ops``.
     called_as: tuple[str, ...] = ()
+    #: The parameter whose dimension ``size_dim`` is the token count that picks the op's token
+    #: bucket (``op_backends: op@bucket``); default: the first parameter after ``obj``.
+    size_arg: str | None = None
+    size_dim: int = 0
+    #: Tensor parameters an implementation may write into (the contract says so): the custom
+    #: op (``custom_ops``) hands the impl copies of them, so the op stays functional.
+    mutates: tuple[str, ...] = ()
+    #: Custom-op schema types of parameters whose type the default does not tell
+    #: (`custom_op_types`): a parameter without default is a Tensor, ``None`` an optional
+    #: Tensor, a bool/int/float/str default that type.
+    arg_types: tuple[tuple[str, str], ...] = ()
+    #: ``fake(obj, *args)`` -> outputs with the right shapes and dtypes, for an op whose
+    #: reference implementation cannot run on fake tensors (it reads data, e.g. ``.tolist()``);
+    #: others use the reference implementation itself.
+    fake: Callable | None = None
 
     @functools.cached_property
     def parameters(self) -> tuple[inspect.Parameter, ...]:
@@ -91,6 +106,34 @@ class OpSpec:
     @property
     def class_names(self) -> tuple[str, ...]:
         return self.serves
+
+    @property
+    def size_position(self) -> int:
+        """Position of ``size_arg`` among the parameters (``obj`` is 0)."""
+        names = [p.name for p in self.parameters]
+        return names.index(self.size_arg) if self.size_arg else 1
+
+    def custom_op_types(self) -> tuple[tuple[str, str], ...]:
+        """``(parameter, schema type)`` for every parameter after ``obj``."""
+        explicit = dict(self.arg_types)
+        out = []
+        for p in self.parameters[1:]:
+            if p.name in explicit:
+                out.append((p.name, explicit[p.name]))
+                continue
+            d = p.default
+            if d is inspect.Parameter.empty:
+                out.append((p.name, "Tensor"))
+            elif d is None:
+                out.append((p.name, "Tensor?"))
+            elif isinstance(d, bool):
+                out.append((p.name, "bool"))
+            else:
+                types = {int: "int", float: "float", str: "str"}
+                if type(d) not in types:
+                    raise ValueError(f"op {self.name}: give the schema type of {p.name!r} in arg_types")
+                out.append((p.name, types[type(d)]))
+        return tuple(out)
 
 
 def _parse_signature(name: str, text: str) -> tuple[inspect.Parameter, ...]:
@@ -281,6 +324,7 @@ OPS: tuple[OpSpec, ...] = (
             "inputs gets them from residual_sum_parts(); an impl that leaves "
             "post_residual_addition out is wrapped that way at registration."),
         serves=("RMSNorm",),
+        mutates=("x", "residual"),  # fused add-RMSNorm kernels write into both
         optional=("post_residual_addition",),
         adapt_short=_rms_norm_without_post,
     ),
@@ -294,6 +338,7 @@ OPS: tuple[OpSpec, ...] = (
             "GemmaRMSNorm.forward_native, the adds are in x's dtype: residual + "
             "post_residual_addition first, then x + that."),
         serves=("GemmaRMSNorm",),
+        mutates=("x", "residual"),
         optional=("post_residual_addition",),
         adapt_short=_gemma_rms_norm_without_post,
     ),
@@ -310,6 +355,7 @@ OPS: tuple[OpSpec, ...] = (
             "(GPT-J pairs if rotary_interleaved, else NeoX halves); inplace writes into query "
             "and key and returns them."),
         serves=("RotaryEmbedding",),
+        mutates=("query", "key"),
     ),
     OpSpec(
         name="mrotary_embedding",
@@ -324,6 +370,8 @@ OPS: tuple[OpSpec, ...] = (
             "mrope_interleaved, pair i from H if i % 3 == 1 and i < 3h, from W if i % 3 == 2 and "
             "i < 3w, else from T. positions of shape [tokens] (text only) serve all three axes."),
         serves=("MRotaryEmbedding",),
+        mutates=("query", "key"),
+        arg_types=(("mrope_section", "int[]"),),
     ),
     OpSpec(
         name="topk",
@@ -343,6 +391,7 @@ OPS: tuple[OpSpec, ...] = (
             "it. Routing parameters are arguments, not layer attributes: SGLang keeps them in "
             "TopK.topk_config, vLLM on its FusedMoE layer."),
         serves=("TopK",),
+        arg_types=(("top_k", "int"), ("num_expert_group", "int?"), ("topk_group", "int?")),
         # Weights are fp32 whatever the logits' dtype; a kernel differs only in its exp/sum
         # order. Ids must be equal (tests use logits without near-ties).
         tolerance=Tolerance(float32=(1e-5, 1e-5), float16=(1e-5, 1e-5), bfloat16=(1e-5, 1e-5)),
@@ -361,6 +410,9 @@ OPS: tuple[OpSpec, ...] = (
             "nothing. Unquantized, SiLU-gated, no biases: the bridge keeps SGLang's own "
             "forward for any other expert layer."),
         serves=("UnquantizedFusedMoEMethod",),
+        # The reference's expert loop reads the routing on the host: not on fake tensors.
+        fake=lambda obj, hidden_states, topk_weights, topk_ids: hidden_states.new_empty(
+            hidden_states.shape),
         # Two GEMMs whose [T, k, I] intermediate is rounded to the input dtype, then a k-way
         # sum: several roundings, against an fp32 oracle on the same rounded inputs. The
         # reference's largest error (outputs of std ~0.3, 9 or 128 experts, top-2/8) is 2.4e-7

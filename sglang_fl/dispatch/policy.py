@@ -19,6 +19,8 @@ class Selection:
 class SelectionPolicy:
     op_backends: Mapping[str, tuple[str, ...]]  # per-op kind order (Settings.op_backends)
     default_order: tuple[str, ...]
+    #: ``(name, largest token count or None)``, smallest first (Settings.token_buckets).
+    token_buckets: tuple[tuple[str, int | None], ...] = (("all", None),)
     strict: bool = False
     allow_vendors: tuple[str, ...] = ()
     deny_vendors: tuple[str, ...] = ()
@@ -28,17 +30,30 @@ class SelectionPolicy:
         return cls(
             op_backends=settings.op_backends,
             default_order=settings.default_order,
+            token_buckets=settings.token_buckets,
             strict=settings.strict,
             allow_vendors=settings.allow_vendors,
             deny_vendors=settings.deny_vendors,
         )
 
-    def kinds_for(self, op_name: str) -> tuple[str, ...]:
+    def kinds_for(self, op_name: str, bucket: str | None = None) -> tuple[str, ...]:
+        """The op's order in token bucket ``bucket``: ``op@bucket``, else ``op``, else the
+        default order (``bucket=None``: the order of buckets without their own)."""
+        if bucket is not None:
+            order = self.op_backends.get(f"{op_name}@{bucket}")
+            if order is not None:
+                return order
         return self.op_backends.get(op_name, self.default_order)
 
-    def accepted_kinds(self, op_name: str) -> tuple[str, ...]:
+    def order_origin(self, op_name: str, bucket: str | None = None) -> str:
+        """Which key decided ``kinds_for(op_name, bucket)``: ``op@bucket``, ``op`` or ``prefer``."""
+        if bucket is not None and f"{op_name}@{bucket}" in self.op_backends:
+            return f"{op_name}@{bucket}"
+        return op_name if op_name in self.op_backends else "prefer"
+
+    def accepted_kinds(self, op_name: str, bucket: str | None = None) -> tuple[str, ...]:
         """The kinds ``op_name`` may run on: its order, or only the first kind in strict mode."""
-        order = self.kinds_for(op_name)
+        order = self.kinds_for(op_name, bucket)
         return order[:1] if self.strict else order
 
     def vendor_excluded(self, vendor: str | None) -> str:
@@ -49,9 +64,9 @@ class SelectionPolicy:
             return f"vendor {vendor!r} not in SGLANG_FL_ALLOW_VENDORS"
         return ""
 
-    def select(self, op_name: str, impls: tuple[OpImpl, ...]) -> Selection:
-        order = self.kinds_for(op_name)
-        kinds = self.accepted_kinds(op_name)
+    def select(self, op_name: str, impls: tuple[OpImpl, ...], bucket: str | None = None) -> Selection:
+        order = self.kinds_for(op_name, bucket)
+        kinds = self.accepted_kinds(op_name, bucket)
         excluded: list[tuple[str, str]] = []
         allowed: list[OpImpl] = []
         for impl in impls:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from sglang_fl.dispatch.manager import ResolvedOp
+from sglang_fl.dispatch.ops import OpSpec
 from sglang_fl.dispatch.types import OpImpl
 from sglang_fl.sglang_glue.adapters import get_adapter
 from sglang_fl.sglang_glue.dispatch_log import log_dispatch, log_left_to_sglang
@@ -24,16 +25,23 @@ class ImplSlot:
     ``fn`` is read on every call. It starts as a trampoline that writes the routed line (the
     route is being taken now, not merely chosen) and puts the impl in its place; a bridge that
     hands a layer or a call back to SGLang calls `left_to_sglang` instead. ``call_after_failure``
-    runs only when the impl raised (non-strict fallback to the next candidate)."""
+    runs only when the impl raised (non-strict fallback to the next candidate). ``where`` is
+    the token bucket's note in the log line (`SizeRoutedSlot`), empty without buckets."""
 
-    __slots__ = ("impl", "fn", "resolved", "class_name", "log_path")
+    __slots__ = ("impl", "fn", "resolved", "class_name", "log_path", "where")
 
-    def __init__(self, resolved: ResolvedOp, class_name: str, log_path: str | None) -> None:
+    def __init__(self, resolved: ResolvedOp, class_name: str, log_path: str | None,
+                 where: str = "") -> None:
         self.resolved = resolved
         self.class_name = class_name
         self.log_path = log_path
+        self.where = where
         self.impl = resolved.impl
         self.fn = self._first_call
+
+    @property
+    def can_fall_back(self) -> bool:
+        return not self.resolved.strict and len(self.resolved.candidates) > 1
 
     def _first_call(self, *args, **kwargs):
         self.taken()
@@ -42,7 +50,12 @@ class ImplSlot:
     def taken(self) -> None:
         """The route is taken: log it, and call the impl directly from now on."""
         self.fn = self.impl.fn
-        log_dispatch(self.class_name, self.impl.label, self.log_path)
+        log_dispatch(self.class_name, self.impl.label + self.where, self.log_path)
+
+    def direct(self):
+        """What to bind where nothing can fall back: the impl itself (the route is taken)."""
+        self.taken()
+        return self.fn
 
     def left_to_sglang(self, why: str) -> None:
         log_left_to_sglang(self.class_name, why, self.log_path)
@@ -56,13 +69,83 @@ class ImplSlot:
         self.taken()
 
 
+class SizeRoutedSlot:
+    """One `ImplSlot` per token bucket whose candidates differ, and ``fn``, which picks the
+    bucket's slot by the token count of the op's size argument (`OpSpec.size_arg`): one
+    comparison per bucket boundary (one with two buckets), then the bucket's own ``fn``.
+    Each bucket logs its route (``[decode: tokens<=64]``) the first time a call takes it."""
+
+    __slots__ = ("slots", "bounds", "fn", "class_name", "log_path", "_index", "_name", "_dim")
+
+    def __init__(self, routes, class_name: str, log_path: str | None, spec: OpSpec) -> None:
+        self.class_name, self.log_path = class_name, log_path
+        self.bounds = tuple(hi for hi, _, _ in routes[:-1])
+        self.slots = tuple(ImplSlot(r, class_name, log_path, f" [{name}: {_range(routes, i)}]")
+                           for i, (_, name, r) in enumerate(routes))
+        self._index, self._dim = spec.size_position, spec.size_dim
+        self._name = spec.parameters[self._index].name
+        self.fn = self._router(spec)
+
+    def _router(self, spec: OpSpec):
+        """``fn`` with the op's own signature (no ``*args`` packing on the hot path): read the
+        token count, pick the bucket's slot (one comparison per boundary), call its ``fn``."""
+        names = [p.name for p in spec.parameters]
+        chain = "".join(f"_s{i} if _t <= {b} else " for i, b in enumerate(self.bounds))
+        src = (f"def by_tokens{spec.signature}:\n"
+               f"    _t = {names[self._index]}.shape[{self._dim}]\n"
+               f"    return ({chain}_s{len(self.bounds)}).fn({', '.join(names)})\n")
+        scope = {f"_s{i}": slot for i, slot in enumerate(self.slots)}
+        exec(compile(src, f"<sglang_fl token buckets {spec.name}>", "exec"), scope)  # noqa: S102
+        return scope["by_tokens"]
+
+    def pick(self, args: tuple, kwargs: dict) -> ImplSlot:
+        """The slot of the bucket holding this call's token count."""
+        x = args[self._index] if len(args) > self._index else kwargs[self._name]
+        tokens = x.shape[self._dim]
+        for bound, slot in zip(self.bounds, self.slots, strict=False):
+            if tokens <= bound:
+                return slot
+        return self.slots[-1]
+
+    @property
+    def resolved(self) -> ResolvedOp:
+        return self.slots[-1].resolved
+
+    @property
+    def can_fall_back(self) -> bool:
+        return any(s.can_fall_back for s in self.slots)
+
+    def direct(self):
+        return self.fn
+
+    def left_to_sglang(self, why: str) -> None:
+        log_left_to_sglang(self.class_name, why, self.log_path)
+
+    def call_after_failure(self, exc: Exception, *args, **kwargs):
+        return self.pick(args, kwargs).call_after_failure(exc, *args, **kwargs)
+
+
+def _range(routes, i: int) -> str:
+    hi, lo = routes[i][0], routes[i - 1][0] if i else 0
+    if hi is None:
+        return f"tokens>{lo}"
+    return f"tokens<={hi}" if not lo else f"{lo}<tokens<={hi}"
+
+
+def make_slot(routes, class_name: str, log_path: str | None, spec: OpSpec):
+    """`ImplSlot` for one resolution, `SizeRoutedSlot` for per-bucket ones
+    (`OpManager.resolve_by_size`)."""
+    if isinstance(routes, ResolvedOp):
+        return ImplSlot(routes, class_name, log_path)
+    return SizeRoutedSlot(routes, class_name, log_path, spec)
+
+
 def bind_passthrough(layer, slot: ImplSlot, native):
     """SGLang's forward arguments are the op's, after ``obj``."""
-    if slot.resolved.strict or len(slot.resolved.candidates) == 1:
+    if not slot.can_fall_back:
         # Nothing to fall back to: the signature matches, so bind without a Python frame (the
         # binder makes the first call through it right away).
-        slot.taken()
-        return functools.partial(slot.fn, layer)
+        return functools.partial(slot.direct(), layer)
 
     def forward(*args, **kwargs):
         try:

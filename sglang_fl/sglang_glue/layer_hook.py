@@ -4,11 +4,13 @@ The AROUND hook on the method that resolves a fused op's forward (the adapter's
 ``DISPATCH_HOOK_TARGET``: ``dispatch_forward`` in SGLang 0.5.11, run in ``__init__``;
 ``_resolve_forward_method`` in 0.5.23, run lazily on the first call) gets the method SGLang
 picked (``native``).
-For a routed layer it resolves the op (cached per op by the manager) and returns a one-shot
-binder; SGLang stores that as the layer's ``_forward_method``. The binder runs on the layer's
+For a routed layer it resolves the op (cached per op and token bucket by the manager: one
+resolution, or one per bucket where the op's order depends on the token count) and returns a
+one-shot binder; SGLang stores that as the layer's ``_forward_method``. The binder runs on the layer's
 first call (the layer's attributes, e.g. ``cos_sin_cache``, may not exist yet when the hook
 runs), builds the bridge and replaces itself, so every
-later call is SGLang's ``forward`` -> bridge -> impl. The bridge writes the dispatch log line
+later call is SGLang's ``forward`` -> bridge -> impl (-> with token buckets, one comparison
+first; with ``custom_ops``, through ``torch.ops.sglang_fl.<op>``). The bridge writes the dispatch log line
 when a call takes the route, or says the layer was left to SGLang.
 """
 
@@ -18,11 +20,12 @@ import functools
 import pkgutil
 
 from sglang_fl.config import Settings
+from sglang_fl.dispatch.custom_ops import CustomOpSlot
 from sglang_fl.dispatch.manager import OpManager
-from sglang_fl.dispatch.ops import OPS
+from sglang_fl.dispatch.ops import OPS, OPS_BY_NAME
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.sglang_glue.adapters import get_adapter
-from sglang_fl.sglang_glue.bridges import ImplSlot, bridge_for
+from sglang_fl.sglang_glue.bridges import bridge_for, make_slot
 
 logger = get_logger("sglang_glue")
 
@@ -79,19 +82,29 @@ class LayerRouter:
         route = self.route_for(type(layer))
         if route is None:
             return native
-        resolved = self.manager.resolve(route.op_name)
+        routes = self.manager.resolve_by_size(route.op_name)
         # A plain-module route is logged by its routed name (SGLang's FLA norm is also "RMSNorm").
         class_name = (route.class_name if route.class_name in self.adapter.MODULE_ROUTES
                       else type(layer).__name__)
         log_path = self.settings.dispatch_log
         make_bridge = bridge_for(route.op_name)
+        spec = OPS_BY_NAME[route.op_name]
+
+        slot = make_slot(routes, class_name, log_path, spec)
+        if self.settings.custom_ops:  # defined and keyed now: a first call may be traced
+            slot = CustomOpSlot(slot, spec, self.reference_fn(route.op_name), layer)
 
         def bind_on_first_call(*args, **kwargs):
-            forward = make_bridge(layer, ImplSlot(resolved, class_name, log_path), native)
+            forward = make_bridge(layer, slot, native)
             layer._forward_method = forward
             return forward(*args, **kwargs)
 
         return bind_on_first_call
+
+
+    def reference_fn(self, op_name: str):
+        """The reference impl of ``op_name`` (the custom op's fake kernel runs it)."""
+        return next(i.fn for i in self.manager.registry.impls(op_name) if i.kind.value == "reference")
 
 
 def register_layer_hook(router: LayerRouter) -> None:

@@ -364,3 +364,20 @@ def test_vendor_cuda_offers_each_op_where_its_kernel_package_is_real(monkeypatch
     backend = CudaBackend()
     assert not backend.available()
     assert backend.unavailable_reason.startswith("sgl_kernel is not installed")
+
+
+def test_every_op_has_a_custom_op_schema_torch_accepts():
+    """``custom_ops: true`` defines ``torch.ops.sglang_fl.<op>`` from the table: every
+    parameter needs a schema type (`OpSpec.arg_types` where the default does not tell) and every
+    ``mutates`` / ``size_arg`` name must be a parameter."""
+    import torch
+
+    from sglang_fl.dispatch.custom_ops import schema
+    from sglang_fl.dispatch.ops import OPS
+
+    for spec in OPS:
+        names = [p.name for p in spec.parameters]
+        assert set(spec.mutates) <= set(names), spec.name
+        assert spec.size_arg is None or spec.size_arg in names, spec.name
+        parsed = torch._C.parse_schema(f"sglang_fl_check::{schema(spec)}")
+        assert [a.name for a in parsed.arguments] == ["fl_layer", *names[1:]], spec.name

@@ -54,6 +54,8 @@ def test_env_beats_user_yaml_beats_platform_yaml(field, tmp_path):
         "dist_backend": ("flagcx", "nccl", None), "flagcx_path": ("/opt/a", "/opt/b", None),
         "log_level": ("DEBUG", "WARNING", None),
         "attention_backend": ("triton", "my_chip_attn", None),
+        "token_buckets": ("small=8;big", {"decode": 32, "prefill": None}, None),
+        "custom_ops": ("1", False, None),
     }
     env_value, yaml_value, _ = samples[field.name]
     cfg = tmp_path / "user.yaml"
@@ -86,6 +88,51 @@ def test_per_op_parsing_and_order():
     assert s.op_backends["rms_norm"] == ("vendor", "flagos")
     assert s.backend_order("rms_norm") == ("vendor", "flagos")
     assert s.backend_order("rotary_embedding")[0] == s.prefer
+
+
+def test_per_op_orders_per_token_bucket_env_and_yaml_forms(tmp_path):
+    s = build({"SGLANG_FL_PER_OP": "rms_norm=vendor|flagos;silu_and_mul@decode=flagos|vendor;"
+                                   " silu_and_mul @ prefill = vendor"})
+    assert s.token_buckets == (("decode", 64), ("prefill", None))  # the default buckets
+    assert s.backend_order("silu_and_mul", "decode") == ("flagos", "vendor")
+    assert s.backend_order("silu_and_mul", "prefill") == ("vendor",)
+    assert s.backend_order("silu_and_mul") == s.default_order  # no op-wide order given
+    assert s.backend_order("rms_norm", "decode") == ("vendor", "flagos")  # op-wide: every bucket
+    cfg = tmp_path / "u.yaml"
+    cfg.write_text("token_buckets: {tiny: 4, mid: 512, large: null}\n"
+                   "op_backends:\n  silu_and_mul: {tiny: [flagos], large: 'vendor|reference'}\n"
+                   "  silu_and_mul@mid: [reference]\n  rms_norm: [vendor]\n")
+    s = build({"SGLANG_FL_CONFIG": str(cfg)})
+    assert s.token_buckets == (("tiny", 4), ("mid", 512), ("large", None))
+    assert [s.backend_order("silu_and_mul", b) for b in s.bucket_names] == [
+        ("flagos",), ("reference",), ("vendor", "reference")]
+    assert s.as_dict()["token_buckets"] == {"tiny": 4, "mid": 512, "large": None}
+    s = build({"SGLANG_FL_TOKEN_BUCKETS": "a=1;b=100;c"})
+    assert s.token_buckets == (("a", 1), ("b", 100), ("c", None))
+
+
+@pytest.mark.parametrize("env, needles", [
+    ({"SGLANG_FL_PER_OP": "silu_and_mul@dcode=flagos"},
+     ["unknown token bucket", "'silu_and_mul@dcode'", "decode, prefill"]),
+    ({"SGLANG_FL_PER_OP": "silu_and_mul@decode=gpu"}, ["[silu_and_mul@decode]", "'gpu'", "flagos, vendor"]),
+    ({"SGLANG_FL_PER_OP": "silu_and_mul@=flagos"}, ["malformed", "op@bucket"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "decode=64;prefill=512"}, ["SGLANG_FL_TOKEN_BUCKETS", "'prefill'",
+                                                            "must be unbounded"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "decode;prefill"}, ["'decode'", "only the last bucket"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "decode=many;prefill"}, ["'many'", "positive integer"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "a=64;b=32;c"}, ["'b'", "32", "not above", "64"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "a=0;c"}, ["'a'", "0", "not above"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "a=4;a"}, ["'a'", "twice"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "1x=4;b"}, ["'1x'", "not accepted"]),
+    ({"SGLANG_FL_TOKEN_BUCKETS": "small=8;big", "SGLANG_FL_PER_OP": "rms_norm@decode=vendor"},
+     ["'rms_norm@decode'", "accepted buckets: small, big", "env SGLANG_FL_TOKEN_BUCKETS"]),
+    ({"SGLANG_FL_CUSTOM_OPS": "sometimes"}, ["SGLANG_FL_CUSTOM_OPS", "'sometimes'"]),
+])
+def test_bad_bucket_settings_name_the_value_and_the_accepted_ones(env, needles):
+    with pytest.raises(SettingsError) as err:
+        build(env)
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
 
 
 def test_flagcx_path_implies_flagcx_backend():
@@ -130,6 +177,10 @@ def test_bad_env_values_name_the_variable_the_value_and_the_choices(env, needles
     ("oot_whitelist: [RMSNorm]\noot_blacklist: [SiluAndMul]\n", ["mutually exclusive"]),
     ("!!python/object/apply:os.system ['echo pwned']\n", ["not valid YAML"]),
     ("attention_backend: torch-native\n", ["attention_backend", "'torch-native'", "lower-case"]),
+    ("op_backends:\n  silu_and_mul: {decode: [gpu]}\n",
+     ["op_backends.silu_and_mul.decode", "'gpu'", "flagos, vendor, reference"]),
+    ("op_backends:\n  silu_and_mul: {}\n", ["op_backends.silu_and_mul", "empty mapping"]),
+    ("token_buckets: [64]\n", ["token_buckets", "must be a mapping"]),
 ])
 def test_bad_yaml_names_the_key_and_the_file(tmp_path, text, needles):
     cfg = tmp_path / "bad.yaml"

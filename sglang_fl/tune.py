@@ -1,0 +1,495 @@
+"""``sglang-fl tune``: measure every op's implementations on this device, per token bucket, on
+a model's shapes, and write the per-op, per-bucket order as a config YAML.
+
+For each op of the op table that the model uses, each backend kind with an implementation here
+(the one the policy would pick within that kind) is
+
+1. checked against the fp32 reference (the reference backend run on fp32 copies of the same
+   rounded inputs) with the op table's tolerance for the dtype tuned: an impl outside it, or one
+   that raises, is excluded from every bucket and reported (the accuracy gate);
+2. timed at every token count of every bucket (``--tokens``, by default two per bucket): the
+   median over ``--repeats`` of the mean of ``--iters`` back-to-back calls after ``--warmup``
+   calls, the device synchronised around each timing. Timings are eager: what prefill pays; a
+   bucket run under a CUDA graph (decode) pays the kernel alone.
+
+A bucket's order is its kinds by their summed time over the bucket's token counts, fastest first.
+The YAML (``token_buckets`` + ``op_backends``) loads as a user config (``SGLANG_FL_CONFIG``) or
+as a platform YAML's dispatch part; its comments record the device, the versions, the date, the
+shapes and the measured microseconds. Framework-neutral: layers are stand-ins holding the op's
+``layer_attrs``, which is all an implementation may read.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata as md
+import json
+import platform as host
+import statistics
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_fl.dispatch.ops import OPS, OpSpec
+
+KIND_ORDER = ("flagos", "vendor", "reference")
+
+
+class TuneError(ValueError):
+    """Bad arguments or model config: the message names the argument and the value."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """What the op inputs are sized by. Defaults: Qwen2.5-0.5B (no experts, no mRoPE)."""
+
+    hidden: int = 896
+    intermediate: int = 4864
+    heads: int = 14
+    kv_heads: int = 2
+    head_dim: int = 64
+    rms_eps: float = 1e-6
+    max_positions: int = 4096
+    rope_theta: float = 1_000_000.0
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    mrope_section: tuple[int, ...] | None = None
+    source: str = "defaults (Qwen2.5-0.5B shapes)"
+
+    @classmethod
+    def from_model(cls, path: str | Path) -> ModelShapes:
+        """From a Hugging Face ``config.json`` (a model directory or the file itself)."""
+        p = Path(path)
+        cfg_path = p / "config.json" if p.is_dir() else p
+        if not cfg_path.is_file():
+            raise TuneError(f"--model {str(path)!r}: no config.json there (give a Hugging Face model "
+                            "directory or its config.json)")
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise TuneError(f"--model {str(path)!r}: {cfg_path} is not readable JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise TuneError(f"--model {str(path)!r}: {cfg_path} must hold a JSON object")
+        cfg = {**cfg, **(cfg.get("text_config") or {})}  # multimodal configs nest the LM's
+
+        def need(key):
+            if not isinstance(cfg.get(key), (int, float)) or isinstance(cfg.get(key), bool):
+                raise TuneError(f"--model {str(path)!r}: config.json has no numeric {key!r} "
+                                f"(got {cfg.get(key)!r}); needed for the op shapes")
+            return cfg[key]
+
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        scaling = cfg.get("rope_scaling") or {}
+        section = scaling.get("mrope_section") if isinstance(scaling, dict) else None
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+        return cls(
+            hidden=hidden,
+            intermediate=int(need("intermediate_size")),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_eps=float(cfg.get("rms_norm_eps") or 1e-6),
+            max_positions=int(cfg.get("max_position_embeddings") or 4096),
+            rope_theta=float(cfg.get("rope_theta") or 10000.0),
+            experts=experts,
+            top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
+            if experts else 0,
+            mrope_section=tuple(int(x) for x in section) if section else None,
+            source=f"{cfg_path}",
+        )
+
+    def describe(self) -> str:
+        text = (f"hidden {self.hidden}, intermediate {self.intermediate}, heads {self.heads}/"
+                f"{self.kv_heads} x {self.head_dim}")
+        if self.experts:
+            text += f", {self.experts} experts top-{self.top_k} x {self.moe_intermediate}"
+        if self.mrope_section:
+            text += f", mrope_section {list(self.mrope_section)}"
+        return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs per op: (layer stand-in, args) per variant; ``canon`` makes outputs comparable
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    variants: list[tuple[object, tuple]]
+    canon: object = None  # fn(output) -> tensors to compare, default: the output's tensors
+
+
+def _layer(**attrs):
+    return types.SimpleNamespace(**attrs)
+
+
+def _rope_cache(s: ModelShapes, torch, device, dtype):
+    half = s.head_dim // 2
+    inv = 1.0 / (s.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+    freqs = torch.outer(torch.arange(s.max_positions, device=device, dtype=torch.float32), inv)
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def _topk_canon(out):
+    weights, ids = out
+    order = ids.argsort(dim=-1)
+    return weights.gather(-1, order), ids.gather(-1, order)
+
+
+def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 0) -> Case | None:
+    """Inputs of ``op`` at ``tokens`` tokens, or None if the model does not use the op."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed * 1000 + tokens)
+
+    def randn(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
+
+    if op in ("rms_norm", "gemma_rms_norm"):
+        weight = randn(s.hidden, scale=0.1) + (0.0 if op == "gemma_rms_norm" else 1.0)
+        layer = _layer(weight=weight, variance_epsilon=s.rms_eps)
+        x, res = randn(tokens, s.hidden), randn(tokens, s.hidden)
+        return Case([(layer, (x,)), (layer, (x, res))])
+    if op == "silu_and_mul":
+        return Case([(_layer(), (randn(tokens, 2 * s.intermediate),))])
+    if op in ("rotary_embedding", "mrotary_embedding"):
+        if op == "mrotary_embedding" and not s.mrope_section:
+            return None
+        cos, sin = _rope_cache(s, torch, device, dtype)
+        q, k = randn(tokens, s.heads * s.head_dim), randn(tokens, s.kv_heads * s.head_dim)
+        layer = _layer(head_size=s.head_dim)
+        if op == "rotary_embedding":
+            pos = (torch.arange(tokens) * 37 % s.max_positions).to(device)
+            return Case([(layer, (q, k, cos, sin, pos, False, True))])
+        pos = (torch.arange(3 * tokens) * 37 % s.max_positions).reshape(3, tokens).to(device)
+        return Case([(layer, (q, k, cos, sin, pos, tuple(s.mrope_section), False, False, True))])
+    if op == "topk":
+        if not s.experts:
+            return None
+        logits = randn(tokens, s.experts)
+        hidden = randn(tokens, s.hidden)
+        return Case([(_layer(), (hidden, logits, s.top_k, True, "softmax"))], canon=_topk_canon)
+    if op == "fused_moe":
+        if not s.experts:
+            return None
+        e, h, i = s.experts, s.hidden, s.moe_intermediate
+        layer = _layer(w13_weight=randn(e, 2 * i, h, scale=h ** -0.5), w2_weight=randn(e, h, i, scale=i ** -0.5))
+        logits = torch.randn(tokens, e, generator=g)
+        weights, ids = torch.topk(logits.softmax(-1), s.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).float().to(device)
+        return Case([(layer, (randn(tokens, h), weights, ids.to(device=device, dtype=torch.int32)))])
+    raise KeyError(op)
+
+
+#: Ops the tuner can build inputs for (an op added to the table needs a branch in build_case).
+TUNABLE = ("rms_norm", "gemma_rms_norm", "silu_and_mul", "rotary_embedding", "mrotary_embedding",
+           "topk", "fused_moe")
+
+
+def _fp32(value, torch):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    return value
+
+
+def _fp32_layer(layer, torch):
+    return types.SimpleNamespace(**{k: _fp32(v, torch) for k, v in vars(layer).items()})
+
+
+def _clone(value, torch):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _tensors(out, torch):
+    return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gate and timing
+# ---------------------------------------------------------------------------------------------
+
+
+def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
+    """"" if ``fn`` matches the fp32 reference on every variant within the op's tolerance for
+    ``dtype``, else why not."""
+    import torch
+
+    tol = spec.tolerance.for_dtype(dtype)
+    canon = case.canon or (lambda out: out)
+    for n, (layer, args) in enumerate(case.variants):
+        try:
+            got = fn(layer, *[_clone(a, torch) for a in args])
+        except Exception as exc:  # noqa: BLE001 - reported as the reason
+            return f"raised {type(exc).__name__}: {str(exc)[:200]}"
+        want = reference(_fp32_layer(layer, torch), *[_fp32(_clone(a, torch), torch) for a in args])
+        got_t, want_t = _tensors(canon(got), torch), _tensors(canon(want), torch)
+        if len(got_t) != len(want_t):
+            return f"variant {n}: {len(got_t)} outputs, the reference gives {len(want_t)}"
+        for i, (g_, w_) in enumerate(zip(got_t, want_t, strict=True)):
+            if g_.shape != w_.shape:
+                return f"variant {n} output {i}: shape {tuple(g_.shape)}, expected {tuple(w_.shape)}"
+            if not g_.is_floating_point():
+                if not torch.equal(g_.cpu(), w_.to(g_.dtype).cpu()):
+                    return f"variant {n} output {i}: {int((g_.cpu() != w_.to(g_.dtype).cpu()).sum())} values differ"
+                continue
+            g32, w32 = g_.float(), w_.float()
+            excess = (g32 - w32).abs() - (tol["atol"] + tol["rtol"] * w32.abs())
+            if not bool(torch.isfinite(g32).all()) or float(excess.max()) > 0:
+                err = float((g32 - w32).abs().nan_to_num(float("inf")).max())
+                return (f"variant {n} output {i}: max abs error {err:.3g} exceeds atol {tol['atol']:g} "
+                        f"+ rtol {tol['rtol']:g} (op table, {str(dtype).removeprefix('torch.')})")
+    return ""
+
+
+def _synchronize(device, torch) -> None:
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return
+    mod = getattr(torch, kind, None)
+    if mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()
+
+
+def time_case(fn, case: Case, device, iters: int, warmup: int, repeats: int) -> float:
+    """Microseconds per call, summed over the case's variants (median of repeats)."""
+    import torch
+
+    total = 0.0
+    for layer, args in case.variants:
+        for _ in range(warmup):
+            fn(layer, *args)
+        samples = []
+        for _ in range(repeats):
+            _synchronize(device, torch)
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn(layer, *args)
+            _synchronize(device, torch)
+            samples.append((time.perf_counter() - start) * 1e6 / iters)
+        total += statistics.median(samples)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuner
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OpResult:
+    op: str
+    impls: dict[str, str] = field(default_factory=dict)  # kind -> impl label measured
+    excluded: dict[str, str] = field(default_factory=dict)  # impl label -> why
+    us: dict[str, dict[int, float]] = field(default_factory=dict)  # kind -> tokens -> us
+    orders: dict[str, list[str]] = field(default_factory=dict)  # bucket -> kinds
+    skipped: str = ""  # why the op was not tuned
+
+
+@dataclass
+class TuneResult:
+    buckets: tuple[tuple[str, int | None], ...]
+    tokens: dict[str, tuple[int, ...]]
+    shapes: ModelShapes
+    dtype: str
+    device: str
+    settings: dict
+    ops: dict[str, OpResult]
+
+
+def default_tokens(buckets) -> dict[str, tuple[int, ...]]:
+    """Two token counts per bucket: its smallest and largest (an unbounded bucket: 4x and
+    32x the previous bound)."""
+    out, lo = {}, 0
+    for name, hi in buckets:
+        if hi is None:
+            base = max(lo, 1)
+            out[name] = (base * 4, base * 32) if lo else (1, 256)
+        else:
+            out[name] = tuple(dict.fromkeys((lo + 1, hi)))
+            lo = hi
+    return out
+
+
+def assign_tokens(buckets, tokens) -> dict[str, tuple[int, ...]]:
+    """Each token count in its bucket; every bucket must get one."""
+    out = {name: [] for name, _ in buckets}
+    for t in sorted(set(tokens)):
+        if t < 1:
+            raise TuneError(f"--tokens: {t} is not a positive token count")
+        for name, hi in buckets:
+            if hi is None or t <= hi:
+                out[name].append(t)
+                break
+    empty = [name for name, v in out.items() if not v]
+    if empty:
+        from sglang_fl.config.settings import format_buckets
+
+        raise TuneError(f"--tokens {','.join(map(str, sorted(set(tokens))))}: no count in bucket(s) "
+                        f"{', '.join(empty)} ({format_buckets(buckets)}); give at least one per bucket")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def pick_per_kind(manager, op: str) -> dict[str, object]:
+    """kind -> the impl the policy would pick within that kind here (vendor lists applied)."""
+    out = {}
+    for impl in sorted(manager.registry.impls(op), key=lambda i: (-i.priority, i.impl_id)):
+        kind = impl.kind.value
+        if kind in out:
+            continue
+        if kind == "vendor" and manager.policy.vendor_excluded(impl.vendor):
+            continue
+        out[kind] = impl
+    return out
+
+
+def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, device,
+         ops=None, iters: int = 20, warmup: int = 3, repeats: int = 5, progress=None) -> TuneResult:
+
+    from sglang_fl.dispatch.backends.reference import ReferenceBackend
+
+    oracle = ReferenceBackend()
+    results: dict[str, OpResult] = {}
+    for spec in OPS:
+        if ops is not None and spec.name not in ops:
+            continue
+        res = results[spec.name] = OpResult(spec.name)
+        if spec.name not in TUNABLE:
+            res.skipped = "no inputs to build (add the op to sglang_fl/tune.py build_case)"
+            continue
+        per_kind = pick_per_kind(manager, spec.name)
+        if not per_kind:
+            res.skipped = "no implementation registered here"
+            continue
+        reference = getattr(oracle, spec.name)
+        all_tokens = [t for name, _ in buckets for t in tokens[name]]
+        cases = {}
+        for t in all_tokens:
+            case = build_case(spec.name, shapes, t, dtype, device)
+            if case is None:
+                res.skipped = ("the model has no mRoPE (no rope_scaling.mrope_section)"
+                               if spec.name == "mrotary_embedding" else "the model has no experts")
+                break
+            cases[t] = case
+        if res.skipped:
+            continue
+        for kind, impl in per_kind.items():
+            res.impls[kind] = impl.label
+            why = next((w for t in all_tokens
+                        for w in (accuracy_error(spec, impl.fn, reference, cases[t], dtype),) if w), "")
+            if why:
+                res.excluded[impl.label] = why
+                continue
+            res.us[kind] = {}
+            for t in all_tokens:
+                res.us[kind][t] = time_case(impl.fn, cases[t], device, iters, warmup, repeats)
+                if progress:
+                    progress(f"{spec.name:<18} {impl.label:<28} {t:>6} tokens: {res.us[kind][t]:10.2f} us")
+        for name, _ in buckets:
+            timed = {k: sum(v[t] for t in tokens[name]) for k, v in res.us.items()}
+            res.orders[name] = sorted(timed, key=lambda k: (timed[k], KIND_ORDER.index(k)))
+    return TuneResult(tuple(buckets), tokens, shapes, str(dtype).removeprefix("torch."), str(device),
+                      {"iters": iters, "warmup": warmup, "repeats": repeats}, results)
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+# ---------------------------------------------------------------------------------------------
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def device_name(device) -> str:
+    import torch
+
+    kind = torch.device(device).type
+    mod = getattr(torch, kind, None)
+    if kind != "cpu" and mod is not None and hasattr(mod, "get_device_name"):
+        try:
+            return f"{kind}: {mod.get_device_name()}"
+        except Exception:  # noqa: BLE001 - a name is provenance, not a requirement
+            pass
+    return f"{kind}: {host.processor() or host.machine()}"
+
+
+def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
+    import torch
+
+    from sglang_fl.config.settings import format_buckets
+
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    st = result.settings
+    lines = [
+        "# Per-op, per-token-bucket backend order written by `sglang-fl tune`; load it with",
+        "# SGLANG_FL_CONFIG=<this file> or paste it into a platform YAML (sglang_fl/config/<platform>.yaml).",
+        f"# date: {now.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+        f"# device: {device_name(result.device)}",
+        f"# versions: torch {torch.__version__}, sglang {_version('sglang')}, flag_gems "
+        f"{_version('flag_gems')}, triton {_version('triton')}, sglang-fl {_version('sglang_fl')}",
+        f"# shapes: {result.shapes.describe()} (from {result.shapes.source}); dtype {result.dtype}",
+        f"# buckets: {format_buckets(result.buckets)}; token counts timed: "
+        + "; ".join(f"{n} {','.join(map(str, ts))}" for n, ts in result.tokens.items()),
+        "# timing: eager, us per call (an op's variants summed: rms_norm without and with residual),",
+        f"#   median of {st['repeats']} repeats of {st['iters']} calls after {st['warmup']} warm-up calls;",
+        "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
+        f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",
+    ]
+    for r in result.ops.values():
+        for label, why in r.excluded.items():
+            lines.append(f"# EXCLUDED {r.op} {label}: {why}")
+    for r in result.ops.values():
+        if r.skipped:
+            lines.append(f"# not tuned: {r.op}: {r.skipped}")
+        elif not r.orders or not any(r.orders.values()):
+            lines.append(f"# not tuned: {r.op}: every implementation failed the accuracy gate")
+    lines.append("token_buckets:")
+    lines += [f"  {name}: {'null' if hi is None else hi}" for name, hi in result.buckets]
+    lines.append("op_backends:")
+    tuned = [r for r in result.ops.values() if not r.skipped and any(r.orders.values())]
+    if not tuned:
+        lines[-1] = "op_backends: {}"
+    for r in tuned:
+        orders = [r.orders[name] for name, _ in result.buckets]
+        timings = {name: ", ".join(
+            f"{k} " + "/".join(f"{r.us[k][t]:.1f}" for t in result.tokens[name]) for k in r.orders[name])
+            for name, _ in result.buckets}
+        if all(o == orders[0] for o in orders):
+            lines.append(f"  {r.op}: [{', '.join(orders[0])}]")
+            for name, _ in result.buckets:
+                lines.append(f"    # {name} ({','.join(map(str, result.tokens[name]))} tokens) us: {timings[name]}")
+            continue
+        lines.append(f"  {r.op}:")
+        for name, _ in result.buckets:
+            lines.append(f"    {name}: [{', '.join(r.orders[name])}]"
+                         f"  # us at {','.join(map(str, result.tokens[name]))} tokens: {timings[name]}")
+    return "\n".join(lines) + "\n"
+
+
+def report(result: TuneResult) -> str:
+    """What the terminal shows after tuning: per op, the orders and the exclusions."""
+    out = []
+    for r in result.ops.values():
+        if r.skipped:
+            out.append(f"{r.op}: not tuned ({r.skipped})")
+            continue
+        orders = "; ".join(f"{b}: {'>'.join(o) or '-'}" for b, o in r.orders.items())
+        out.append(f"{r.op}: {orders}")
+        for label, why in r.excluded.items():
+            out.append(f"  EXCLUDED {label}: {why}")
+    return "\n".join(out)
+
+
+__all__ = ["ModelShapes", "TuneError", "TuneResult", "assign_tokens", "build_case",
+           "default_tokens", "to_yaml", "tune"]

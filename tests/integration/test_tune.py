@@ -1,0 +1,167 @@
+"""``sglang-fl tune`` on this CPU: over the tiny model it writes a YAML that Settings loads, an
+implementation outside the op table's tolerance is excluded and reported, bad arguments fail
+with a message naming them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_fl.config import build_settings
+from sglang_fl.dispatch.backends.reference import ReferenceBackend
+from sglang_fl.dispatch.manager import OpManager
+from sglang_fl.dispatch.policy import SelectionPolicy
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import OpImpl
+from sglang_fl.tune import ModelShapes, TuneError, assign_tokens, default_tokens, to_yaml, tune
+
+pytestmark = pytest.mark.integration
+
+FAST = dict(iters=2, warmup=1, repeats=1)
+BUCKETS = (("decode", 2), ("prefill", None))
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    """The tiny Qwen3-MoE (routing of Qwen3-30B-A3B at tiny sizes): every dense op plus topk
+    and fused_moe."""
+    from sglang_fl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "moe", preset="qwen3-moe", hidden_size=64,
+                           num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                           moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                           vocab_size=600)
+
+
+def manager_with(*extra):
+    settings = build_settings(env={"SGLANG_FL_PREFER": "reference"}, detect_platform=lambda: "cpu")
+    registry = OpRegistry()
+    registry.register_many(ReferenceBackend().op_impls())
+    registry.register_many(extra)
+    return OpManager(registry, SelectionPolicy.from_settings(settings))
+
+
+def cli(*args, env=None):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    full.update({"SGLANG_FL_PLATFORM": "cpu", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "sglang_fl.cli", "tune", *args], env=full,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_tune_over_the_tiny_model_writes_a_yaml_settings_load(tiny_moe, tmp_path):
+    out = tmp_path / "tuned.yaml"
+    proc = cli("--model", str(tiny_moe), "--buckets", "decode=2;prefill", "--tokens", "1,2,8",
+               "--iters", "2", "--warmup", "1", "--repeats", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    for needle in ("# device: cpu", "# versions: torch " + torch.__version__, "sglang ", "flag_gems ",
+                   "# date: ", "hidden 64", "8 experts top-2", str(tiny_moe), "dtype bfloat16",
+                   "decode 1,2; prefill 8", "not tuned: mrotary_embedding: the model has no mRoPE"):
+        assert needle in text, (needle, text)
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert s.token_buckets == BUCKETS
+    assert s.origins["op_backends"] == f"yaml {out}"
+    for op in ("silu_and_mul", "rms_norm", "gemma_rms_norm", "rotary_embedding", "topk", "fused_moe"):
+        assert s.backend_order(op, "decode") == ("reference",), op
+        assert s.backend_order(op, "prefill") == ("reference",), op
+    assert "mrotary_embedding" not in s.op_backends
+    # the measured microseconds are in the file, one number per token count
+    assert "# decode (1,2 tokens) us: reference " in text
+
+
+def wrong_silu(obj, x):
+    """SiLU-and-mul 5% too large: a kernel with a bug the accuracy gate must catch."""
+    return ReferenceBackend().silu_and_mul(obj, x) * 1.05
+
+
+def test_an_impl_outside_the_tolerance_is_excluded_and_reported(monkeypatch):
+    fast_but_wrong = OpImpl("silu_and_mul", "flagos", "flagos", wrong_silu)
+    manager = manager_with(fast_but_wrong)
+    result = tune(manager, ModelShapes(hidden=32, intermediate=48, heads=2, kv_heads=1, head_dim=16,
+                                       max_positions=64), BUCKETS, {"decode": (1,), "prefill": (4,)},
+                  torch.bfloat16, "cpu", ops=["silu_and_mul", "rms_norm"], **FAST)
+    silu = result.ops["silu_and_mul"]
+    assert list(silu.excluded) == ["flagos(flagos)"]
+    assert "max abs error" in silu.excluded["flagos(flagos)"] and "bfloat16" in silu.excluded["flagos(flagos)"]
+    assert silu.orders == {"decode": ["reference"], "prefill": ["reference"]}
+    assert "flagos" not in silu.us  # never timed
+    text = to_yaml(result)
+    assert "# EXCLUDED silu_and_mul flagos(flagos): variant 0 output 0: max abs error" in text
+    assert "silu_and_mul: [reference]" in text
+
+
+def test_a_correct_faster_impl_leads_its_bucket(monkeypatch):
+    """Two correct impls: the one that is faster at small sizes leads the small bucket, the
+    other the large one (the order follows the measured time, not the kind)."""
+    import time
+
+    ref = ReferenceBackend().silu_and_mul
+
+    def slow_when_large(obj, x):
+        if x.shape[0] > 2:
+            time.sleep(0.002)
+        return ref(obj, x)
+
+    def slow_when_small(obj, x):
+        if x.shape[0] <= 2:
+            time.sleep(0.002)
+        return ref(obj, x)
+
+    manager = manager_with(OpImpl("silu_and_mul", "flagos", "flagos", slow_when_large),
+                           OpImpl("silu_and_mul", "vendor.chip", "vendor", slow_when_small, vendor="chip"))
+    shapes = ModelShapes(hidden=32, intermediate=48, heads=2, kv_heads=1, head_dim=16, max_positions=64)
+    result = tune(manager, shapes, BUCKETS, {"decode": (1, 2), "prefill": (16,)}, torch.float32, "cpu",
+                  ops=["silu_and_mul"], **FAST)
+    orders = result.ops["silu_and_mul"].orders
+    rank = {b: {k: i for i, k in enumerate(o)} for b, o in orders.items()}
+    assert rank["decode"]["flagos"] < rank["decode"]["vendor"]
+    assert rank["prefill"]["vendor"] < rank["prefill"]["flagos"]
+    assert set(orders["decode"]) == set(orders["prefill"]) == {"flagos", "vendor", "reference"}
+    text = to_yaml(result)
+    assert "  silu_and_mul:\n    decode: [" in text and "    prefill: [" in text
+    path = "tuned.yaml"
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / path
+        p.write_text(text)
+        s = build_settings(env={"SGLANG_FL_CONFIG": str(p)}, detect_platform=lambda: "cpu")
+    assert s.backend_order("silu_and_mul", "decode") == tuple(orders["decode"])
+    assert s.backend_order("silu_and_mul", "prefill") == tuple(orders["prefill"])
+
+
+def test_token_counts_per_bucket():
+    assert default_tokens((("decode", 64), ("prefill", None))) == {"decode": (1, 64), "prefill": (256, 2048)}
+    assert default_tokens((("all", None),)) == {"all": (1, 256)}
+    assert assign_tokens(BUCKETS, [8, 1, 2]) == {"decode": (1, 2), "prefill": (8,)}
+    with pytest.raises(TuneError, match=r"no count in bucket\(s\) prefill"):
+        assign_tokens(BUCKETS, [1, 2])
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--tokens", "1,x"], ["--tokens '1,x'", "positive integers"]),
+    (["--tokens", "1,2", "--buckets", "decode=2;prefill"], ["no count in bucket(s) prefill"]),
+    (["--tokens", "0,8", "--buckets", "decode=2;prefill"], ["0 is not a positive token count"]),
+    (["--buckets", "decode=2;prefill=9"], ["--buckets", "'prefill'", "must be unbounded"]),
+    (["--ops", "rmsnorm"], ["--ops", "'rmsnorm'", "did you mean 'rms_norm'", "silu_and_mul"]),
+    (["--iters", "0"], ["--iters 0", "at least 1"]),
+    (["--device", "nosuchdevice"], ["--device 'nosuchdevice'", "not usable"]),
+    (["--model", "/nonexistent/model"], ["--model '/nonexistent/model'", "no config.json"]),
+    (["--dtype", "int8"], ["--dtype", "'int8'", "bfloat16"]),
+])
+def test_bad_arguments_fail_naming_the_argument(args, needles):
+    proc = cli(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+def test_a_model_config_without_the_needed_sizes_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 64}')
+    with pytest.raises(TuneError, match="no numeric 'num_attention_heads'"):
+        ModelShapes.from_model(tmp_path)
