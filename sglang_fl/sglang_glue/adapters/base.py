@@ -159,6 +159,9 @@ class SGLangAdapter:
     MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
     #: The server option (and value) that turns the prefill CUDA graph off.
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+    #: Attention backends for which this version builds EAGLE/NEXTN (MTP) draft backends on CPU
+    #: (its ``DraftBackendFactory`` table); none in 0.5.11, whose table is GPU/NPU kernels only.
+    CPU_SPECULATIVE_ATTENTION_BACKENDS: tuple[str, ...] = ()
 
     def remember_user_choices(self, server_args) -> None:
         """At ``ServerArgs`` construction: which options differ from their dataclass default."""
