@@ -72,6 +72,10 @@ class TinyModelSpec:
     linear_key_head_dim: int = 16
     linear_value_head_dim: int = 16
     shared_expert_intermediate_size: int = 0
+    #: Hybrid models only: 1 adds the multi-token-prediction head real Qwen3.5/3.6 checkpoints
+    #: ship (``mtp.*`` weights, ``mtp_num_hidden_layers`` in text_config), which SGLang's
+    #: NEXTN/EAGLE speculative decoding loads as its draft model; 0 (default) leaves it out.
+    mtp_num_hidden_layers: int = 0
 
     def special_tokens(self) -> tuple[str, ...]:
         return SPECIAL_TOKENS + (VISION_TOKENS if self.architecture in HYBRID else ())
@@ -122,6 +126,12 @@ class TinyModelSpec:
                              f"<= num_experts={self.num_experts}")
         if self.vocab_size < 512:
             raise ValueError(f"tiny model vocab_size={self.vocab_size} must be >= 512 (byte alphabet + merges)")
+        if self.mtp_num_hidden_layers not in (0, 1):
+            raise ValueError(f"tiny model mtp_num_hidden_layers={self.mtp_num_hidden_layers!r} must be "
+                             f"0 or 1 (SGLang's Qwen3.5 MTP draft has one layer)")
+        if self.mtp_num_hidden_layers and self.architecture not in HYBRID:
+            raise ValueError(f"tiny model mtp_num_hidden_layers={self.mtp_num_hidden_layers} needs a "
+                             f"hybrid architecture ({', '.join(HYBRID)})")
         if self.dtype not in DTYPES:
             raise ValueError(f"tiny model dtype={self.dtype!r} is not accepted; accepted: {', '.join(DTYPES)}")
 
@@ -351,6 +361,8 @@ def _hybrid_config(spec: TinyModelSpec, vocab: dict[str, int], common: dict):
                vision_end_token_id=vocab["<|vision_end|>"],
                image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
                tie_word_embeddings=spec.tie_word_embeddings)
+    if spec.mtp_num_hidden_layers:
+        text["mtp_num_hidden_layers"] = spec.mtp_num_hidden_layers
     if spec.architecture == "qwen3_5_moe":
         text.update(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
                     moe_intermediate_size=spec.moe_intermediate_size,
@@ -383,6 +395,8 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     model.config.dtype = spec.dtype  # written to config.json: what SGLang's --dtype auto uses
     model.save_pretrained(out, safe_serialization=True)
     text = config.get_text_config()
+    if spec.mtp_num_hidden_layers:
+        _add_mtp_weights(out, spec, text)
     GenerationConfig(
         bos_token_id=text.bos_token_id,
         eos_token_id=[text.eos_token_id, text.pad_token_id],
@@ -397,3 +411,40 @@ def _token_ids(out: Path) -> dict[str, int]:
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + VISION_TOKENS
             if tok.token_to_id(t) is not None}
+
+
+def _add_mtp_weights(out: Path, spec: TinyModelSpec, text) -> None:
+    """Add the MTP head of a Qwen3.5/3.6 checkpoint to ``out/model.safetensors``: ``mtp.fc``
+    (the concatenated [normed embedding, normed hidden state] back to hidden size), the two
+    pre-fc norms, one full-attention decoder layer (``mtp.layers.0.*``, MoE in the MoE model)
+    and ``mtp.norm``; it shares the main model's embedding and LM head. transformers builds
+    no MTP module (it ignores ``mtp.*`` on load), so the layer and final norm come from a
+    one-layer full-attention text model of the same config, initialised the way transformers
+    initialises the main one, and saved through transformers (its on-disk expert layout).
+    Seeded apart from the main weights, which stay those of the model without the head."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, spec.dtype)
+    layer_config = type(text).from_dict({**text.to_dict(), "num_hidden_layers": 1,
+                                         "layer_types": ["full_attention"]})
+    torch.manual_seed(spec.seed + 1)
+    with torch.device("cpu"):
+        one_layer = AutoModelForCausalLM.from_config(layer_config).to(dtype)
+        fc = torch.empty(spec.hidden_size, 2 * spec.hidden_size, dtype=dtype)
+        fc.normal_(0.0, spec.initializer_range)
+    mtp = {"mtp.fc.weight": fc,
+           # (1 + weight) norms, as transformers initialises Qwen3.5's: zeros
+           "mtp.pre_fc_norm_embedding.weight": torch.zeros(spec.hidden_size, dtype=dtype),
+           "mtp.pre_fc_norm_hidden.weight": torch.zeros(spec.hidden_size, dtype=dtype)}
+    with tempfile.TemporaryDirectory() as tmp:
+        one_layer.save_pretrained(tmp, safe_serialization=True)
+        for name, tensor in load_file(str(Path(tmp) / "model.safetensors")).items():
+            for src, dst in (("model.layers.0.", "mtp.layers.0."), ("model.norm.", "mtp.norm.")):
+                if name.startswith(src):
+                    mtp[dst + name[len(src):]] = tensor
+    weights = load_file(str(out / "model.safetensors"))
+    save_file({**weights, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})

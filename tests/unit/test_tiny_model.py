@@ -139,3 +139,43 @@ def test_qwen3_moe_preset_routes_like_qwen3_30b_a3b_at_tiny_sizes(tmp_path):
             spec.hidden_size, spec.moe_intermediate_size)
     assert {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.gate_proj.weight",
             "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.self_attn.q_norm.weight"} <= keys
+
+
+@pytest.mark.parametrize("preset", ["qwen3.5", "qwen3.5-moe"])
+def test_hybrid_mtp_head_is_a_qwen3_5_checkpoint_head(tmp_path, preset):
+    """``--mtp-num-hidden-layers 1``: the ``mtp.*`` tensors of a Qwen3.5/3.6 checkpoint (fc over
+    [embedding, hidden], two pre-fc norms, one full-attention layer named and shaped like the
+    main model's full-attention layers, final norm), the config key, and main weights
+    untouched (HF's greedy ids of the preset stay the reference)."""
+    from safetensors.torch import load_file
+
+    spec = PRESETS[preset]
+    plain = load_file(str(make_tiny_model(tmp_path / "plain", preset=preset) / "model.safetensors"))
+    path = make_tiny_model(tmp_path / "mtp", preset=preset, mtp_num_hidden_layers=1)
+    weights = load_file(str(path / "model.safetensors"))
+
+    mtp = {k: v for k, v in weights.items() if k.startswith("mtp.")}
+    main = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+    assert main.keys() == plain.keys()
+    assert all(main[k].equal(plain[k]) for k in plain)
+
+    full = f"model.language_model.layers.{spec.full_attention_interval - 1}."
+    want_layer = {"mtp.layers.0." + k[len(full):]: v.shape for k, v in plain.items() if k.startswith(full)}
+    assert "mtp.layers.0.self_attn.q_proj.weight" in want_layer
+    got_layer = {k: v.shape for k, v in mtp.items() if k.startswith("mtp.layers.0.")}
+    assert got_layer == want_layer
+    h = spec.hidden_size
+    assert {k: tuple(v.shape) for k, v in mtp.items() if not k.startswith("mtp.layers.")} == {
+        "mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+        "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+    assert mtp["mtp.fc.weight"].std() > 0 and mtp["mtp.layers.0.self_attn.q_proj.weight"].std() > 0
+    assert json.loads((path / "config.json").read_text())["text_config"]["mtp_num_hidden_layers"] == 1
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"mtp_num_hidden_layers": 1}, "mtp_num_hidden_layers=1 needs a hybrid architecture"),
+    ({"preset": "qwen3.5", "mtp_num_hidden_layers": 2}, "must be 0 or 1"),
+])
+def test_mtp_head_bad_input_names_the_option(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_tiny_model(tmp_path / "bad", **kwargs)

@@ -190,6 +190,9 @@ class SGLangAdapter:
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
     #: The option capping the batch sizes captured by the decode CUDA graph.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
+    #: Attention backends for which this version builds EAGLE/NEXTN (MTP) draft backends on CPU
+    #: (its ``DraftBackendFactory`` table); none in 0.5.11, whose table is GPU/NPU kernels only.
+    CPU_SPECULATIVE_ATTENTION_BACKENDS: tuple[str, ...] = ()
 
     def remember_user_choices(self, server_args) -> None:
         """At ``ServerArgs`` construction: which options differ from their dataclass default."""

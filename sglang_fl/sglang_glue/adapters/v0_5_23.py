@@ -105,6 +105,8 @@ class SGLang0523(SGLangAdapter):
         "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
                                      "support overlap scheduling"),
     }
+    # intel_amx needs sgl_kernel's CPU build (the plugin's CPU default is torch_native).
+    CPU_SPECULATIVE_ATTENTION_BACKENDS = ("intel_amx",)
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
     # Split per phase; the old name is now an ambiguous argparse prefix.
