@@ -98,7 +98,7 @@ def tests(session: nox.Session) -> None:
     """pytest over tests/ on the CPU stack (what .ci/run runs)."""
     install_cpu_stack(session)
     session.install(*STATIC_TOOLS)  # tests/packaging runs the real linters too
-    session.run("python", "-m", "pytest", "tests", *session.posargs,
+    session.run("python", "-m", "pytest", "tests", "--durations=20", *session.posargs,
                 env={"SGLANG_FL_TEST_REQUIRE_TOOLS": "1"})
 
 
@@ -106,7 +106,7 @@ def tests(session: nox.Session) -> None:
 def tests_sglang_0_5_23(session: nox.Session) -> None:
     """pytest on the CPU stack with SGLang 0.5.23 (SGLANG_0_5_23_TESTS; posargs replace it)."""
     install_cpu_stack(session, sglang="0.5.23")
-    session.run("python", "-m", "pytest", *(session.posargs or SGLANG_0_5_23_TESTS))
+    session.run("python", "-m", "pytest", "--durations=20", *(session.posargs or SGLANG_0_5_23_TESTS))
 
 
 @nox.session(python=PYTHON)
