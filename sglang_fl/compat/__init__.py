@@ -90,6 +90,11 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    module's ``is_cuda`` is rebound to answer no, so SGLang keeps the separate gate/up GEMM and
    SiluAndMul it uses everywhere else (and on Hopper). Seen on the H200 on 2026-12-01.
    Upstream: none. Remove when SGLang guards that import.
+15. ``swap:is_arch_support_pdl`` (SGLang 0.5.23, ``layers/attention/triton_backend.py``) -- on
+   CUDA hosts the Triton attention backend asks ``sgl_kernel.utils.is_arch_support_pdl`` while
+   it is built, so without sglang-kernel (empty mode) it hits the stand-in and the server does
+   not start. How: when sgl_kernel is absent, rebind it to answer no (PDL only overlaps kernel
+   launches). Seen on the H200 on 2026-12-02. Upstream: none. Remove when SGLang guards it.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -189,6 +194,9 @@ LEDGER: tuple[Patch, ...] = (
     Patch("swap:is_cuda", "0.5.23's DualGemm imports its CuTe-DSL kernel (cutlass) on any CUDA "
           "host while building each MLP", "rebind dual_gemm.is_cuda to answer no when cutlass "
           "is absent", "none", "SGLang guards the cutlass import"),
+    Patch("swap:is_arch_support_pdl", "0.5.23's Triton attention backend asks sgl_kernel about "
+          "PDL on CUDA hosts", "rebind it to answer no when sgl_kernel is absent", "none",
+          "SGLang guards the sgl_kernel call"),
 )
 
 # sgl_kernel modules that decide at import whether to call flashinfer (ledger entry 7).

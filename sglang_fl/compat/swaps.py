@@ -40,6 +40,8 @@ def apply_swaps(module, swaps=None) -> None:
             continue
         needed = swap.attr if swap.replacement is not None else swap.native
         if not hasattr(module, needed):
+            if swap.cuda_only:
+                continue  # this host is not CUDA: SGLang never bound the global
             raise RuntimeError(
                 f"sglang-fl native swap: {swap.module}.{needed} no longer exists in this SGLang "
                 f"version; update NATIVE_SWAPS of its adapter (sglang_fl/sglang_glue/adapters)"

@@ -116,8 +116,13 @@ def test_native_swap_names_must_exist_in_sglang():
     import importlib
 
     pytest.importorskip("sglang")
+    import inspect
+
     for swap in swaps.native_swaps():
         module = importlib.import_module(swap.module)
+        if swap.cuda_only and not hasattr(module, swap.attr):  # bound on CUDA hosts only
+            assert f"import {swap.attr}" in inspect.getsource(module), swap
+            continue
         assert callable(getattr(module, swap.attr)), swap
         assert callable(swap.replacement) if not swap.native else callable(getattr(module, swap.native)), swap
 
@@ -425,3 +430,34 @@ def test_dual_gemm_swap_keeps_sglang_off_its_cutlass_kernel():
         assert gemm._select_mode(gate_up_proj=None, hidden_size=64) is None
     finally:
         dg.is_cuda = saved
+
+
+def test_pdl_swap_answers_no_on_cuda_and_is_skipped_where_sglang_never_bound_it():
+    """SGLang 0.5.23: the Triton attention backend's PDL question goes to sgl_kernel on CUDA
+    hosts; without sgl_kernel the swap answers no. On other hosts SGLang never binds the name,
+    and the swap leaves the module alone instead of reporting a moved SGLang."""
+    swap = next((s for s in swaps.native_swaps() if s.attr == "is_arch_support_pdl"), None)
+    if swap is None:
+        pytest.skip("this SGLang version's Triton backend does not ask sgl_kernel about PDL")
+    import importlib
+
+    tb = importlib.import_module(swap.module)
+    had = hasattr(tb, swap.attr)
+    saved = getattr(tb, swap.attr, None)
+    try:
+        if had:
+            delattr(tb, swap.attr)
+        swaps.apply_swaps(tb, [swap])  # a CPU host: nothing bound, nothing to do
+        assert not hasattr(tb, swap.attr)
+
+        def standin():
+            raise AssertionError("the sgl_kernel stand-in was called")
+
+        tb.is_arch_support_pdl = standin  # what a CUDA host binds in empty mode
+        swaps.apply_swaps(tb, [swap])
+        assert tb.is_arch_support_pdl() is False
+    finally:
+        if had:
+            tb.is_arch_support_pdl = saved
+        elif hasattr(tb, swap.attr):
+            delattr(tb, swap.attr)

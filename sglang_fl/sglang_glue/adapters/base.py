@@ -42,6 +42,9 @@ class NativeSwap:
     replacement: Any = None  # a callable used instead of a twin
     #: The package whose absence breaks SGLang's hard-wired path (the swap applies only then).
     needs: str = "tvm_ffi"
+    #: SGLang binds the global only on CUDA hosts (``if _is_cuda: from ... import``): elsewhere
+    #: its absence is expected, not a sign that the SGLang version moved on.
+    cuda_only: bool = False
 
 
 def shared_expert_gate_native(hidden_states, gate_weight, shared_output):
@@ -73,6 +76,13 @@ def _no_cute_dsl_dual_gemm() -> bool:
     """dual_gemm asks ``is_cuda()`` before importing its CuTe-DSL (Blackwell) kernel, which
     needs nvidia-cutlass-dsl; without it the answer is no, and SGLang keeps the separate
     gate/up GEMM and SiluAndMul it uses on every other platform (and on Hopper)."""
+    return False
+
+
+def _no_pdl_without_sgl_kernel() -> bool:
+    """The Triton attention backend asks sgl_kernel whether the GPU supports programmatic
+    dependent launch; without sgl_kernel the answer is no, which only leaves out a launch-overlap
+    optimisation (the kernels are the same)."""
     return False
 
 

@@ -43,6 +43,7 @@ from sglang_fl.sglang_glue.adapters.base import (
     SGLangAdapter,
     _jit_store_cache_unavailable,
     _no_cute_dsl_dual_gemm,
+    _no_pdl_without_sgl_kernel,
     shared_expert_gate_add_native,
     shared_expert_gate_native,
 )
@@ -86,6 +87,9 @@ class SGLang0523(SGLangAdapter):
         # Qwen2/Llama MLPs build a DualGemm whose mode check imports cutlass on any CUDA host.
         NativeSwap("sglang.srt.layers.dual_gemm", "is_cuda", "", _no_cute_dsl_dual_gemm,
                    needs="cutlass"),
+        # The Triton attention backend asks sgl_kernel about PDL support on CUDA hosts.
+        NativeSwap("sglang.srt.layers.attention.triton_backend", "is_arch_support_pdl", "",
+                   _no_pdl_without_sgl_kernel, needs="sgl_kernel", cuda_only=True),
     )
     # Qwen2/3-MoE-style shared experts (Qwen3.5-MoE too) gate their output with a Triton kernel
     # whenever the gate is not AMX-packed, i.e. on every CPU without AMX as well.
