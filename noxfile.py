@@ -79,6 +79,9 @@ DEVICE_ARGS = {
 # variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
+                       # TP=2 x PP=2 (four processes on CI's two cores) runs in `tests` only
+                       "--deselect", "tests/distributed/test_pp_e2e.py::"
+                       "test_tp2_pp2_serves_the_same_greedy_ids_as_one_process",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py")
 

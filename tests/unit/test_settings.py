@@ -241,3 +241,13 @@ def test_routes_class_lists():
     assert build({"SGLANG_FL_OOT_WHITELIST": "RMSNorm"}).routes_class(("SiluAndMul", "SiluAndMul")) is False
     assert build({"SGLANG_FL_OOT_ENABLED": "0"}).routes_class(("RMSNorm", "RMSNorm")) is False
     assert build().routes_class(("RMSNorm", "RMSNorm")) is True
+
+
+def test_cuda_yaml_moe_orders_follow_the_h200_data():
+    """cuda.yaml (2026-12-02 H200 data): FlagGems top-k first; fused MoE on FlagGems for
+    decode-sized batches and on SGLang's kernel for prefill."""
+    s = build(platform="cuda")
+    assert s.op_backends["topk"][0] == "flagos"
+    assert s.op_backends["fused_moe@decode"][0] == "flagos"
+    assert s.op_backends["fused_moe@prefill"][0] == "vendor"
+    assert "fused_moe" not in s.op_backends  # no op-wide order hiding the buckets
