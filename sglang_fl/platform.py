@@ -54,6 +54,15 @@ class PlatformFL(_ADAPTER.srt_platform_class()):
         self._enum = _ADAPTER.platform_enum(self.facts.enum_name)
         self.device_name = self.facts.device_type
         self.device_type = self.facts.device_type
+        from sglang_fl.dispatch.backends import real_module_available
+
+        # What SGLang's own platform of this identity can do (graph capture, Triton, PyNccl),
+        # but HiCache's device kernels, which are sgl_kernel's (not in empty mode).
+        capabilities = _ADAPTER.in_tree_capabilities(
+            self.facts.enum_name, **({} if real_module_available("sgl_kernel")[0]
+                                     else {"hicache_device_kernels": False}))
+        if capabilities is not None:
+            self.capabilities = capabilities
 
     def __repr__(self) -> str:
         return f"PlatformFL(platform={self.settings.platform}, device={self.device_type})"
@@ -118,6 +127,11 @@ class PlatformFL(_ADAPTER.srt_platform_class()):
         api = self._api()
         if api is not None:
             api.empty_cache()
+
+    def is_pin_memory_available(self, device=None) -> bool:
+        """Pinned host memory for device copies (0.5.23 asks the platform; its base answers
+        no, which makes every host-to-device copy pageable)."""
+        return self.device_type != "cpu" and str(device) != "cpu"
 
     def support_cuda_graph(self) -> bool:
         return self.facts.graphs

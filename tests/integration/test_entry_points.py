@@ -146,17 +146,46 @@ def test_denying_every_backend_reports_no_available_implementation():
 
 PLATFORM = r"""
 from sglang.srt.platforms import current_platform
+from sglang_fl.sglang_glue.adapters import get_adapter
+
+def caps():
+    adapter, mine = get_adapter(), getattr(current_platform, "capabilities", None)
+    from sglang_fl.dispatch.backends import real_module_available
+    return {"declared": hasattr(adapter.srt_platform_class(), "capabilities"),  # 0.5.23 on
+            "sgl_kernel": real_module_available("sgl_kernel")[0],
+            "caps": {f: getattr(mine, f) for f in ("graph_capture", "supports_triton", "supports_pynccl",
+                                                   "hicache_device_kernels")} if mine else None}
 print("RESULT" + __import__("json").dumps({"repr": repr(current_platform), "oot": current_platform.is_out_of_tree(),
       "cpu": current_platform.is_cpu(), "dist": current_platform.get_torch_distributed_backend_str(),
-      "graphs": current_platform.support_cuda_graph(), "mem": current_platform.get_device_total_memory() > 0}))
+      "graphs": current_platform.support_cuda_graph(), "mem": current_platform.get_device_total_memory() > 0,
+      "pinned": current_platform.is_pin_memory_available(), **caps()}))
+"""
+# What a CPU host can ask of a PlatformFL made for another device (no device calls).
+PLATFORM_CAPS = PLATFORM.split("print(")[0] + r"""
+print("RESULT" + __import__("json").dumps({"repr": repr(current_platform),
+      "pinned": current_platform.is_pin_memory_available(), **caps()}))
 """
 
 
 def test_platform_entry_point_returns_platform_fl_keeping_sglang_identity():
     res = result_of(run_python(PLATFORM))
     assert res["repr"].startswith("PlatformFL(platform=cpu")
-    assert res["cpu"] and not res["oot"] and not res["graphs"] and res["mem"]
+    assert res["cpu"] and not res["oot"] and not res["graphs"] and res["mem"] and not res["pinned"]
     assert res["dist"] == "gloo"
+    if res["declared"]:  # SGLang's own CPU platform declares graph capture only
+        assert res["caps"] == {"graph_capture": True, "supports_triton": False,
+                               "supports_pynccl": False, "hicache_device_kernels": False}
+
+
+def test_platform_fl_on_cuda_declares_what_sglangs_cuda_platform_can_do():
+    """From 0.5.23 SGLang reads the platform's capability declaration before capturing decode
+    CUDA graphs, using Triton KV writers or PyNccl (the base class says no to each: seen on the
+    H200 as eager decode at 28 tok/s). In empty mode HiCache's sgl_kernel kernels are absent."""
+    res = result_of(run_python(PLATFORM_CAPS, {"SGLANG_FL_PLATFORM": "cuda"}))
+    assert res["repr"].startswith("PlatformFL(platform=cuda") and res["pinned"]
+    if res["declared"]:
+        assert res["caps"] == {"graph_capture": True, "supports_triton": True,
+                               "supports_pynccl": True, "hicache_device_kernels": res["sgl_kernel"]}
 
 
 def test_moe_op_left_without_an_implementation_stops_plugin_load():

@@ -115,6 +115,14 @@ class SGLang0523(SGLangAdapter):
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
     # Split per phase; the old name is now an ambiguous argparse prefix.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs_decode"
+    # Without these, an out-of-tree platform gets no decode CUDA graphs (seen on the H200:
+    # 28 tok/s at bs1), no Triton KV writers and no PyNccl.
+    IN_TREE_PLATFORMS = {
+        "CUDA": "sglang.srt.platforms.cuda:CudaSRTPlatform",
+        "NPU": "sglang.srt.platforms.npu:NPUSRTPlatform",
+        "MUSA": "sglang.srt.platforms.musa:MusaSRTPlatform",
+        "CPU": "sglang.srt.platforms.cpu:CpuSRTPlatform",
+    }
 
     def cpu_omp_bind_groups(self, tp_size: int, pp_size: int = 1) -> int:
         # One per worker process, indexed by its gpu_id (pp_rank * tp_size + tp_rank).
