@@ -148,7 +148,11 @@ def hf_greedy(model_path, ids, new_tokens):
     import transformers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
+    # Qwen3.5/3.6 checkpoints are image-text models (weights under model.language_model).
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    auto = (transformers.AutoModelForImageTextToText if "vision_config" in config
+            else transformers.AutoModelForCausalLM)
+    model = auto.from_pretrained(model_path).to(device).eval()
     outs = []
     with torch.no_grad():
         for seq in ids:

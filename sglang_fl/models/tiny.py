@@ -163,6 +163,23 @@ PRESETS: dict[str, TinyModelSpec] = {
         head_dim=32, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
         moe_intermediate_size=32, shared_expert_intermediate_size=32,
     ),
+    # Qwen3.6-27B's and Qwen3.6-35B-A3B's real shapes (random weights, bf16) with 8 of their
+    # 64 / 40 layers (6 Gated DeltaNet, 2 gated full attention): the GPU hybrid-model work.
+    "qwen3.6-27b": TinyModelSpec(
+        architecture="qwen3_5", hidden_size=5120, num_layers=8, num_heads=24, num_kv_heads=4,
+        head_dim=256, intermediate_size=17408, full_attention_interval=4,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+        linear_value_head_dim=128, vocab_size=248320, max_position_embeddings=32768,
+        dtype="bfloat16", initializer_range=0.02,
+    ),
+    "qwen3.6-35b-a3b": TinyModelSpec(
+        architecture="qwen3_5_moe", hidden_size=2048, num_layers=8, num_heads=16,
+        num_kv_heads=2, head_dim=256, intermediate_size=512, num_experts=256,
+        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        full_attention_interval=4, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320,
+        max_position_embeddings=32768, dtype="bfloat16", initializer_range=0.02,
+    ),
     # Qwen3-30B-A3B's real shapes (random weights, bf16) with 8 of its 48 layers: the GPU MoE
     # performance work (the per-layer cost is the real model's; the vocabulary too).
     "qwen3-30b-a3b": TinyModelSpec(
@@ -372,9 +389,9 @@ def _hybrid_config(spec: TinyModelSpec, vocab: dict[str, int], common: dict):
 
 
 def _mrope_section(pairs: int) -> list[int]:
-    """(t, h, w) pair counts for ``pairs`` rotary pairs, as Qwen3.5's [11, 11, 10] of 32."""
-    h = w = pairs * 11 // 32
-    return [pairs - h - w, h, w]
+    """(t, h, w) pair counts for ``pairs`` rotary pairs, as Qwen3.5/3.6's [11, 11, 10] of 32."""
+    t = h = pairs * 11 // 32
+    return [t, h, pairs - t - h]
 
 
 def _write_model(out: Path, spec: TinyModelSpec) -> None:

@@ -179,3 +179,29 @@ def test_hybrid_mtp_head_is_a_qwen3_5_checkpoint_head(tmp_path, preset):
 def test_mtp_head_bad_input_names_the_option(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_tiny_model(tmp_path / "bad", **kwargs)
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("qwen3.6-27b", dict(hidden_size=5120, num_attention_heads=24, num_key_value_heads=4,
+                         head_dim=256, intermediate_size=17408, linear_num_key_heads=16,
+                         linear_num_value_heads=48, vocab_size=248320)),
+    ("qwen3.6-35b-a3b", dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
+                             head_dim=256, num_experts=256, num_experts_per_tok=8,
+                             moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                             linear_num_key_heads=16, linear_num_value_heads=32,
+                             vocab_size=248320)),
+])
+def test_qwen3_6_presets_have_the_real_models_layer_shapes(preset, expected):
+    """8 of the real layers (6 Gated DeltaNet, then gated full attention every 4th), the real
+    widths and Qwen3.6's interleaved mRoPE sections over a quarter of each 256-wide head."""
+    from sglang_fl.models.tiny import VISION_TOKENS, _hf_config
+
+    spec = PRESETS[preset]
+    spec.validate()
+    vocab = {tok: i for i, tok in enumerate(("<|endoftext|>", "<|im_end|>", *VISION_TOKENS))}
+    text = _hf_config(spec, vocab).get_text_config()
+    assert {k: getattr(text, k) for k in expected} == expected
+    assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"] + \
+        ["linear_attention"] * 3 + ["full_attention"]
+    assert text.rope_parameters["mrope_section"] == [11, 11, 10]
+    assert text.rope_parameters["partial_rotary_factor"] == 0.25
