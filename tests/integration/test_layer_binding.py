@@ -7,12 +7,9 @@ import logging
 
 import pytest
 import torch
+from routing_helpers import make_layer, router_with
 
 from sglang_fl.config import build_settings
-from sglang_fl.dispatch.manager import OpManager
-from sglang_fl.dispatch.policy import SelectionPolicy
-from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import OpImpl
 
 pytestmark = pytest.mark.integration
 
@@ -28,33 +25,11 @@ class Flaky:
         raise RuntimeError("unsupported shape")
 
 
-def router_with(env, flaky, sglang_with_plugin):
-    from sglang_fl.dispatch.backends.reference import ReferenceBackend
-    from sglang_fl.sglang_glue.layer_hook import LayerRouter
-
-    settings = build_settings(env=env, detect_platform=lambda: "cpu")
-    registry = OpRegistry()
-    registry.register_many(ReferenceBackend().op_impls())
-    registry.register(OpImpl("rms_norm", "flagos", "flagos", flaky))
-    manager = OpManager(registry, SelectionPolicy.from_settings(settings))
-    return LayerRouter(settings, manager), manager
-
-
-def make_layer():
-    from sglang.srt.layers.layernorm import RMSNorm
-
-    from sglang_fl.sglang_glue.adapters import get_adapter
-
-    layer = RMSNorm(64)
-    layer.weight.data.normal_(1.0, 0.1)
-    return layer, get_adapter().sglang_forward_choice(layer)
-
-
 def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, caplog, tmp_path):
     log = tmp_path / "d.log"
     flaky = Flaky()
     router, manager = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_DISPATCH_LOG": str(log)},
-                                  flaky, sglang_with_plugin)
+                                  flaky)
     layer, native = make_layer()
     layer._forward_method = router.bind(layer, native)
     x, res = torch.randn(3, 64), torch.randn(3, 64)
@@ -77,8 +52,7 @@ def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, ca
 
 def test_strict_runtime_failure_propagates(sglang_with_plugin):
     flaky = Flaky()
-    router, _ = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_STRICT": "1"}, flaky,
-                            sglang_with_plugin)
+    router, _ = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_STRICT": "1"}, flaky)
     layer, native = make_layer()
     layer._forward_method = router.bind(layer, native)
     with pytest.raises(RuntimeError, match="unsupported shape"):
@@ -89,7 +63,7 @@ def test_strict_runtime_failure_propagates(sglang_with_plugin):
 
 
 def test_resolution_happens_once_for_many_layers(sglang_with_plugin, monkeypatch):
-    router, manager = router_with({"SGLANG_FL_PREFER": "reference"}, Flaky(), sglang_with_plugin)
+    router, manager = router_with({"SGLANG_FL_PREFER": "reference"}, Flaky())
     calls = []
     original = manager._resolve_uncached
     monkeypatch.setattr(manager, "_resolve_uncached", lambda op: calls.append(op) or original(op))

@@ -7,12 +7,7 @@ import functools
 
 import pytest
 import torch
-
-from sglang_fl.config import build_settings
-from sglang_fl.dispatch.manager import OpManager
-from sglang_fl.dispatch.policy import SelectionPolicy
-from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import OpImpl
+from routing_helpers import make_layer, router_with
 
 pytestmark = pytest.mark.integration
 
@@ -33,28 +28,6 @@ class Counting:
         if self.fail:
             raise RuntimeError("unsupported shape")
         return self.reference(obj, x, residual, post_residual_addition)
-
-
-def router_with(env, impl):
-    from sglang_fl.dispatch.backends.reference import ReferenceBackend
-    from sglang_fl.sglang_glue.layer_hook import LayerRouter
-
-    settings = build_settings(env=env, detect_platform=lambda: "cpu")
-    registry = OpRegistry()
-    registry.register_many(ReferenceBackend().op_impls())
-    registry.register(OpImpl("rms_norm", "flagos", "flagos", impl))
-    manager = OpManager(registry, SelectionPolicy.from_settings(settings))
-    return LayerRouter(settings, manager), manager
-
-
-def make_layer():
-    from sglang.srt.layers.layernorm import RMSNorm
-
-    from sglang_fl.sglang_glue.adapters import get_adapter
-
-    layer = RMSNorm(64)
-    layer.weight.data.normal_(1.0, 0.1)
-    return layer, get_adapter().sglang_forward_choice(layer)
 
 
 BUCKETED = {"SGLANG_FL_TOKEN_BUCKETS": "decode=4;prefill",
