@@ -169,32 +169,22 @@ def greedy_match(got, expected):
     return sum(list(a) == list(b) for a, b in zip(got, expected, strict=True)) / len(expected)
 
 
-PORT_RACE = ("EADDRINUSE", "address already in use")
-
-
 def start_all(configs, model, mem_fraction, log_dir, timeout):
-    """Start every server concurrently; returns {name: Server}, {name: error}.
-
-    Servers started together can race for the internal ports SGLang picks at random (seen on
-    the H200: one server's torch.distributed store lost its port to another's): a server that
-    failed that way is started once more, alone."""
+    """Start every server concurrently; returns {name: Server}, {name: error}. (Servers started
+    together can take each other's ports: `launched_server` starts such a one again.)"""
     from sglang_fl.serving import launched_server
 
-    index = {name: i for i, name in enumerate(configs)}
-
-    def context(name):
-        i = index[name]
+    cms, servers, errors = {}, {}, {}
+    for i, (name, env) in enumerate(configs.items()):
         # Logs are appended to by the server processes: drop any left by an earlier run in the
         # same directory, or its dispatch lines would be read as this run's routes.
         for stale in (log_dir / f"dispatch-{i}.log", log_dir / f"server-{i}.log"):
             stale.unlink(missing_ok=True)
-        env = dict(configs[name])
+        env = dict(env)
         env["SGLANG_FL_DISPATCH_LOG"] = str(log_dir / f"dispatch-{i}.log")
-        return launched_server(
+        cms[name] = launched_server(
             model, [*SERVER_ARGS, "--mem-fraction-static", str(mem_fraction)], env=env,
             log_path=log_dir / f"server-{i}.log", timeout=timeout)
-
-    cms, servers, errors = {name: context(name) for name in configs}, {}, {}
     with cf.ThreadPoolExecutor(len(cms)) as pool:
         futures = {pool.submit(cm.__enter__): name for name, cm in cms.items()}
         for fut in cf.as_completed(futures):
@@ -203,15 +193,6 @@ def start_all(configs, model, mem_fraction, log_dir, timeout):
                 servers[name] = fut.result()
             except Exception as exc:  # noqa: BLE001 - recorded; the others are measured
                 errors[name] = f"{type(exc).__name__}: {exc}"[-3000:]
-    for name in [n for n, e in errors.items() if any(m in e for m in PORT_RACE)]:
-        print(f"# {name}: lost a port to a concurrently starting server; starting it again",
-              flush=True)
-        cms[name] = context(name)
-        try:
-            servers[name] = cms[name].__enter__()
-            del errors[name]
-        except Exception as exc:  # noqa: BLE001
-            errors[name] = f"{type(exc).__name__}: {exc}"[-3000:]
     return cms, servers, errors
 
 

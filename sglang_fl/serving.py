@@ -39,11 +39,26 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_fl.logging_setup import get_logger
+
+logger = get_logger("serving")
+
 DEFAULT_START_TIMEOUT_S = 300.0
 
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message ends with its log tail."""
+
+
+class PortInUseError(ServerStartError):
+    """A port the server needed was taken, by the time it bound it, by another process."""
+
+
+#: What a server that lost a port logs: uvicorn's bind error (the server then hangs instead of
+#: exiting), torch.distributed's store, SGLang's own port checks.
+PORT_IN_USE_MARKERS = ("address already in use", "eaddrinuse", "port is already in use")
+#: Servers started on a port chosen here are started again on a fresh one this many times.
+PORT_ATTEMPTS = 3
 
 
 # SGLang derives more ports from --port (the gRPC one is port + 10000 and must stay <= 65535),
@@ -161,11 +176,13 @@ def launched_server(
     ``env`` entries are added to (not substituted for) the current environment; a value of
     ``None`` removes the variable. ``progress(elapsed_s, last_log_line)`` is called about twice
     a second while waiting. Raises `ServerStartError` (with the log tail) if the process exits
-    or is not healthy within ``timeout`` seconds.
+    or is not healthy within ``timeout`` seconds. A server that loses a port to another process
+    while starting is started again on a fresh port when ``port`` was left to this function
+    (`PORT_ATTEMPTS` in all), else `PortInUseError` names the port at once.
     """
-    port = port or free_port(host)
+    chosen = not port
     if log_path is None:
-        fd, name = tempfile.mkstemp(prefix=f"sglang-server-{port}-", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
         os.close(fd)
         log_path = name
     log_path = Path(log_path)
@@ -177,22 +194,47 @@ def launched_server(
         else:
             full_env[key] = str(value)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    command = build_command(model_path, host, port, extra_args)
 
-    with open(log_path, "ab") as log_file:
-        process = _spawn(command, stdout=log_file, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
-    server = Server(f"http://{host}:{port}", port, log_path, process, command, full_env)
+    # Another process can take a free port between the check and the server's bind (servers
+    # started side by side, anything using ephemeral ports): a server on a port chosen here
+    # that loses one is started again on a fresh port.
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port(host) if chosen else port
+        command = build_command(model_path, host, port, extra_args)
+        log_start = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log_file:
+            process = _spawn(command, stdout=log_file, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+        server = Server(f"http://{host}:{port}", port, log_path, process, command, full_env)
+        try:
+            server.start_seconds = _wait_healthy(server, timeout, progress, log_start)
+        except PortInUseError as exc:
+            _stop_for_good(server, stop_timeout)
+            if chosen and attempt < PORT_ATTEMPTS:
+                logger.warning("server on port %d lost a port to another process; starting it "
+                               "again on a fresh port (attempt %d of %d)", port, attempt + 1,
+                               PORT_ATTEMPTS)
+                continue
+            raise PortInUseError(f"{exc} (port {port}{' given by the caller' if not chosen else ''}"
+                                 f"; {attempt} attempt(s))") from None
+        except BaseException:
+            _stop_for_good(server, stop_timeout)
+            raise
+        break
     try:
-        server.start_seconds = _wait_healthy(server, timeout, progress)
         yield server
     finally:
-        try:
-            server.stop_result = stop(server, stop_timeout)
-        except KeyboardInterrupt:  # a second Ctrl-C while stopping: no waiting, no leftovers
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            raise
+        _stop_for_good(server, stop_timeout)
+
+
+def _stop_for_good(server: Server, stop_timeout: float) -> None:
+    """`stop`, recording the result; a second Ctrl-C while stopping kills the group at once."""
+    try:
+        server.stop_result = stop(server, stop_timeout)
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping: no waiting, no leftovers
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        raise
 
 
 def _spawn(command: list[str], **popen_kwargs) -> subprocess.Popen:
@@ -271,11 +313,25 @@ def _term_when_parent_dies() -> Callable[[], None]:
     return preexec
 
 
-def _wait_healthy(server: Server, timeout: float, progress) -> float:
+def _lost_a_port(path: Path, start: int) -> bool:
+    """Whether the log written since byte ``start`` says a port was taken."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", errors="replace").lower()
+    except OSError:
+        return False
+    return any(marker in text for marker in PORT_IN_USE_MARKERS)
+
+
+def _wait_healthy(server: Server, timeout: float, progress, log_start: int = 0) -> float:
     start = time.monotonic()
     while True:
         elapsed = time.monotonic() - start
         code = server.process.poll()
+        if _lost_a_port(server.log_path, log_start):
+            raise PortInUseError(f"server lost a port to another process ({elapsed:.0f}s); log "
+                                 f"{server.log_path}:\n{log_tail(server.log_path)}")
         if code is not None:
             raise ServerStartError(
                 f"server exited with code {code} before it was healthy ({elapsed:.0f}s); "

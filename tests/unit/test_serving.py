@@ -103,3 +103,54 @@ def test_server_gets_sigterm_when_its_owner_process_is_killed(tmp_path):
     finally:
         owner.kill()
         owner.wait(10)
+
+
+# Stands in for launch_server: the first start loses its HTTP port the way uvicorn reports it
+# (and then hangs, as SGLang's server does); a later start serves /health on its port.
+LOSES_ITS_PORT_ONCE = textwrap.dedent("""
+    import http.server, os, sys, time
+    marker, port = sys.argv[1], int(sys.argv[2])
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        print("ERROR:    [Errno 98] error while attempting to bind on address "
+              f"('127.0.0.1', {port}): address already in use", flush=True)
+        time.sleep(120)
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+""")
+
+
+@pytest.fixture
+def loses_its_port_once(tmp_path, monkeypatch):
+    marker = tmp_path / "lost-once"
+    ports = []
+
+    def command(model_path, host, port, extra_args=()):
+        ports.append(port)
+        return [sys.executable, "-c", LOSES_ITS_PORT_ONCE, str(marker), str(port)]
+
+    monkeypatch.setattr(serving, "build_command", command)
+    return ports
+
+
+def test_a_server_that_lost_its_chosen_port_starts_again_on_a_fresh_one(tmp_path,
+                                                                        loses_its_port_once):
+    start = time.monotonic()
+    with serving.launched_server("model", log_path=tmp_path / "s.log", timeout=60) as srv:
+        assert srv.healthy()
+        assert len(loses_its_port_once) == 2 and srv.port == loses_its_port_once[1]
+        assert loses_its_port_once[0] != loses_its_port_once[1]
+    assert time.monotonic() - start < 30  # not the 60 s start timeout: the bind error is read
+    assert srv.stop_result is not None
+
+
+def test_a_server_that_lost_the_callers_port_is_an_error_naming_it(tmp_path, loses_its_port_once):
+    port = serving.free_port()
+    start = time.monotonic()
+    with pytest.raises(serving.PortInUseError, match=f"port {port} given by the caller"):
+        with serving.launched_server("model", port=port, log_path=tmp_path / "s.log", timeout=60):
+            pass
+    assert time.monotonic() - start < 30 and loses_its_port_once == [port]
