@@ -50,11 +50,10 @@ def generate_greedy(server, prompt_ids) -> list[list[int]]:
 
 def serve_greedy(model, prompt_ids, log_path: Path, *, tp: int = 1, pp: int = 1):
     """Greedy ids of ``launch_server --tp-size tp --pp-size pp`` for ``prompt_ids``, and its log."""
-    from sglang_fl.serving import free_port as server_port
     from sglang_fl.serving import launched_server
 
     args = ["--dtype", "float32", "--tp-size", str(tp), "--pp-size", str(pp)]
-    with launched_server(model, args, server_env(tp, pp), port=server_port(), log_path=log_path,
+    with launched_server(model, args, server_env(tp, pp), log_path=log_path,
                          timeout=400) as srv:
         ids = generate_greedy(srv, prompt_ids)
     return ids, Path(log_path).read_text(errors="replace")

@@ -31,11 +31,11 @@ EXIT_WITHIN_S = 60  # SGLang's watchdog polls each second; a stuck gloo peer wou
 @pytest.fixture(scope="module")
 def pp2(tiny_model, prompt_ids, tmp_path_factory):
     """A running ``--pp-size 2`` server and the greedy ids it served."""
-    from sglang_fl.serving import free_port, launched_server
+    from sglang_fl.serving import launched_server
 
     log = tmp_path_factory.mktemp("pp2") / "server-pp2.log"
     args = ["--dtype", "float32", "--pp-size", "2"]
-    with launched_server(tiny_model, args, server_env(pp=2), port=free_port(), log_path=log,
+    with launched_server(tiny_model, args, server_env(pp=2), log_path=log,
                          timeout=400) as srv:
         yield srv, generate_greedy(srv, prompt_ids)
 
