@@ -45,6 +45,13 @@ def assert_close(actual, expected, what="", op=None):
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tol)
 
 
+def skip_unless_implemented(backend, op):
+    """Skip where ``backend`` offers no ``op`` on this host (vendor.cuda offers each op where its
+    kernel package is real: sgl_kernel, tvm_ffi, triton)."""
+    if op not in backend.implemented_ops():
+        pytest.skip(f"{backend.impl_id()} has no {op} here: {backend.unavailable_reason}")
+
+
 @functools.cache
 def sglang_ready() -> bool:
     """Make SGLang importable on this host (sglang-fl empty mode for what is missing, e.g.

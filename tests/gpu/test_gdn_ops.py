@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (none here; CI has none) -- see docs/air-gapped-install.md",
                 allow_module_level=True)
 
-from gpu_support import sglang_ready  # noqa: E402
+from gpu_support import sglang_ready, skip_unless_implemented  # noqa: E402
 
 from sglang_fl.dispatch.ops import op_spec  # noqa: E402
 
@@ -31,8 +31,7 @@ DK = DV = 128
 
 
 def implements(backend, op):
-    if op not in backend.implemented_ops():
-        pytest.skip(f"{backend.name} does not implement {op} here")
+    skip_unless_implemented(backend, op)
     sglang_ready()
     return getattr(backend, op)
 

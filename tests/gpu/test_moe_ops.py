@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (none here; CI has none) -- see docs/air-gapped-install.md",
                 allow_module_level=True)
 
-from gpu_support import DTYPES, sglang_ready  # noqa: E402
+from gpu_support import DTYPES, sglang_ready, skip_unless_implemented  # noqa: E402
 
 from sglang_fl.dispatch.ops import op_spec  # noqa: E402
 
@@ -46,17 +46,6 @@ class ExpertWeights:
 
     def __init__(self, w13, w2):
         self.w13_weight, self.w2_weight = w13, w2
-
-
-def skip_unless_implemented(backend, op):
-    """vendor.cuda implements topk only with the real sgl_kernel, fused_moe only with the real
-    sgl_kernel and apache-tvm-ffi (an empty-mode install has neither)."""
-    if op not in backend.implemented_ops():
-        from sglang_fl.dispatch.backends import real_module_available
-
-        why = "; ".join(w for ok, w in map(real_module_available, ("sgl_kernel", "tvm_ffi"))
-                        if not ok)
-        pytest.skip(f"{backend.name} does not implement {op} here: {why or 'not installed'}")
 
 
 def _gen(seed):

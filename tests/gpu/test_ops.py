@@ -27,15 +27,10 @@ from gpu_support import (  # noqa: E402
     make_rope,
     make_silu_and_mul,
     rope_caches,
+    skip_unless_implemented,
 )
 
 pytestmark = pytest.mark.gpu
-
-
-def _needs(backend, op):
-    """vendor.cuda offers each op where its kernel package is real (sgl_kernel, tvm_ffi, triton)."""
-    if op not in backend.implemented_ops():
-        pytest.skip(f"{backend.impl_id()} has no {op} here: {backend.unavailable_reason}")
 
 
 def _randn(*shape, dtype, seed):
@@ -48,7 +43,7 @@ def _randn(*shape, dtype, seed):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
-    _needs(backend, "rms_norm")
+    skip_unless_implemented(backend, "rms_norm")
     layer = make_rms_norm(hidden, dtype)
     x = _randn(tokens, hidden, dtype=dtype, seed=1)
     if residual == "plain":
@@ -68,7 +63,7 @@ def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
 @pytest.mark.parametrize("tokens", (1, 128, 8192))
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
-    _needs(backend, "gemma_rms_norm")
+    skip_unless_implemented(backend, "gemma_rms_norm")
     hidden = 2304  # Gemma-2-2B
     layer = make_rms_norm(hidden, dtype, gemma=True)
     x = _randn(tokens, hidden, dtype=dtype, seed=3)
@@ -88,7 +83,7 @@ def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
 @pytest.mark.parametrize("intermediate", (4864, 14336))  # Qwen2.5-0.5B, Llama-3-8B
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
-    _needs(backend, "silu_and_mul")
+    skip_unless_implemented(backend, "silu_and_mul")
     layer = make_silu_and_mul()
     x = _randn(tokens, 2 * intermediate, dtype=dtype, seed=5)
     got = backend.silu_and_mul(layer, x)
@@ -105,7 +100,7 @@ ROPE_SHAPES = [(64, 64, 14, 2), (128, 128, 32, 8), (128, 64, 32, 8)]
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     head_size, rot_dim, qh, kh = shape
-    _needs(backend, "rotary_embedding")
+    skip_unless_implemented(backend, "rotary_embedding")
     layer = make_rope(head_size, rot_dim, neox, dtype)
     cos, sin = rope_caches(layer)
     q = _randn(tokens, qh * head_size, dtype=dtype, seed=6)
@@ -171,7 +166,7 @@ def _assert_inplace_rope_stable(backend, layer, q, k, cos, sin, pos, interleaved
 
 def test_rms_norm_3d_input(backend, reference):
     """SGLang calls RMSNorm on [batch, seq, hidden] views too (q/k norms)."""
-    _needs(backend, "rms_norm")
+    skip_unless_implemented(backend, "rms_norm")
     layer = make_rms_norm(128, torch.bfloat16)
     x = _randn(4, 16, 128, dtype=torch.bfloat16, seed=9)
     assert_close(backend.rms_norm(layer, x.clone()), reference.rms_norm(layer, x.clone()), "out", op="rms_norm")
@@ -189,7 +184,7 @@ MROPE_SHAPES = [(256, 64, (11, 11, 10), True, 24, 4), (128, 128, (24, 20, 20), T
 def test_mrotary_embedding(cuda_vendor, reference, tokens, shape, dtype):
     """vendor.cuda's mRoPE (SGLang's Triton kernel) against the reference arithmetic in fp32,
     on multimodal [3, tokens] and text-only [tokens] positions, in place and not."""
-    _needs(cuda_vendor, "mrotary_embedding")
+    skip_unless_implemented(cuda_vendor, "mrotary_embedding")
     head_size, rot_dim, section, interleaved, qh, kh = shape
     layer = make_mrope(head_size, rot_dim, section, interleaved, dtype)
     cos, sin = rope_caches(layer)
