@@ -72,17 +72,10 @@ def _jit_store_cache_unavailable(*row_bytes: int) -> bool:
     return False
 
 
-def _no_cute_dsl_dual_gemm() -> bool:
-    """dual_gemm asks ``is_cuda()`` before importing its CuTe-DSL (Blackwell) kernel, which
-    needs nvidia-cutlass-dsl; without it the answer is no, and SGLang keeps the separate
-    gate/up GEMM and SiluAndMul it uses on every other platform (and on Hopper)."""
-    return False
-
-
-def _no_pdl_without_sgl_kernel() -> bool:
-    """The Triton attention backend asks sgl_kernel whether the GPU supports programmatic
-    dependent launch; without sgl_kernel the answer is no, which only leaves out a launch-overlap
-    optimisation (the kernels are the same)."""
+def _answer_no() -> bool:
+    """For a capability question SGLang asks of a package that is absent (the swap's ``needs``):
+    no, so SGLang takes the path it takes on devices without that capability. Which questions,
+    and why "no" is safe for each, is said where the adapter lists the swap."""
     return False
 
 

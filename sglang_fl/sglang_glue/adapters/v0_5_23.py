@@ -41,9 +41,8 @@ from __future__ import annotations
 from sglang_fl.sglang_glue.adapters.base import (
     NativeSwap,
     SGLangAdapter,
+    _answer_no,
     _jit_store_cache_unavailable,
-    _no_cute_dsl_dual_gemm,
-    _no_pdl_without_sgl_kernel,
     shared_expert_gate_add_native,
     shared_expert_gate_native,
 )
@@ -84,12 +83,15 @@ class SGLang0523(SGLangAdapter):
                    _clamp_position_native),
         NativeSwap("sglang.srt.mem_cache.memory_pool", "can_use_store_cache", "",
                    _jit_store_cache_unavailable),
-        # Qwen2/Llama MLPs build a DualGemm whose mode check imports cutlass on any CUDA host.
-        NativeSwap("sglang.srt.layers.dual_gemm", "is_cuda", "", _no_cute_dsl_dual_gemm,
-                   needs="cutlass"),
-        # The Triton attention backend asks sgl_kernel about PDL support on CUDA hosts.
+        # Qwen2/Llama MLPs build a DualGemm whose mode check asks is_cuda() and then imports
+        # its CuTe-DSL (Blackwell) kernel, which needs nvidia-cutlass-dsl: answered no, SGLang
+        # keeps the separate gate/up GEMM and SiluAndMul it uses everywhere else (and on Hopper).
+        NativeSwap("sglang.srt.layers.dual_gemm", "is_cuda", "", _answer_no, needs="cutlass"),
+        # The Triton attention backend asks sgl_kernel whether the GPU supports programmatic
+        # dependent launch (CUDA hosts only): answered no, it launches the same kernels without
+        # the launch overlap.
         NativeSwap("sglang.srt.layers.attention.triton_backend", "is_arch_support_pdl", "",
-                   _no_pdl_without_sgl_kernel, needs="sgl_kernel", cuda_only=True),
+                   _answer_no, needs="sgl_kernel", cuda_only=True),
     )
     # Qwen2/3-MoE-style shared experts (Qwen3.5-MoE too) gate their output with a Triton kernel
     # whenever the gate is not AMX-packed, i.e. on every CPU without AMX as well.
