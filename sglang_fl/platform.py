@@ -54,13 +54,15 @@ class PlatformFL(_ADAPTER.srt_platform_class()):
         self._enum = _ADAPTER.platform_enum(self.facts.enum_name)
         self.device_name = self.facts.device_type
         self.device_type = self.facts.device_type
-        from sglang_fl.dispatch.backends import real_module_available
-
         # What SGLang's own platform of this identity can do (graph capture, Triton, PyNccl),
         # but HiCache's device kernels, which are sgl_kernel's (not in empty mode).
-        capabilities = _ADAPTER.in_tree_capabilities(
-            self.facts.enum_name, **({} if real_module_available("sgl_kernel")[0]
-                                     else {"hicache_device_kernels": False}))
+        capabilities = _ADAPTER.in_tree_capabilities(self.facts.enum_name)
+        if getattr(capabilities, "hicache_device_kernels", False):
+            from sglang_fl.dispatch.backends import real_module_available
+
+            if not real_module_available("sgl_kernel")[0]:
+                capabilities = _ADAPTER.replace_capabilities(capabilities,
+                                                             hicache_device_kernels=False)
         if capabilities is not None:
             self.capabilities = capabilities
 

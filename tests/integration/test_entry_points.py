@@ -144,7 +144,7 @@ def test_denying_every_backend_reports_no_available_implementation():
     assert "No available implementation for op 'rms_norm'" in proc.stderr
 
 
-PLATFORM = r"""
+PLATFORM_PRELUDE = r"""
 from sglang.srt.platforms import current_platform
 from sglang_fl.sglang_glue.adapters import get_adapter
 
@@ -155,13 +155,15 @@ def caps():
             "sgl_kernel": real_module_available("sgl_kernel")[0],
             "caps": {f: getattr(mine, f) for f in ("graph_capture", "supports_triton", "supports_pynccl",
                                                    "hicache_device_kernels")} if mine else None}
+"""
+PLATFORM = PLATFORM_PRELUDE + r"""
 print("RESULT" + __import__("json").dumps({"repr": repr(current_platform), "oot": current_platform.is_out_of_tree(),
       "cpu": current_platform.is_cpu(), "dist": current_platform.get_torch_distributed_backend_str(),
       "graphs": current_platform.support_cuda_graph(), "mem": current_platform.get_device_total_memory() > 0,
       "pinned": current_platform.is_pin_memory_available(), **caps()}))
 """
 # What a CPU host can ask of a PlatformFL made for another device (no device calls).
-PLATFORM_CAPS = PLATFORM.split("print(")[0] + r"""
+PLATFORM_CAPS = PLATFORM_PRELUDE + r"""
 print("RESULT" + __import__("json").dumps({"repr": repr(current_platform),
       "pinned": current_platform.is_pin_memory_available(), **caps()}))
 """

@@ -162,18 +162,17 @@ class SGLangAdapter:
     #: capture, Triton writers and PyNccl; the base class answers "no" to all of them).
     IN_TREE_PLATFORMS: dict[str, str] = {}
 
-    def in_tree_capabilities(self, enum_name: str, **overrides):
-        """The ``capabilities`` of SGLang's own platform for ``enum_name`` with ``overrides``
-        of those present (a frozen msgspec struct in 0.5.23); None where this SGLang version
-        has no such declaration."""
+    def in_tree_capabilities(self, enum_name: str):
+        """The ``capabilities`` of SGLang's own platform for ``enum_name``; None where this
+        SGLang version has no such declaration."""
         target = self.IN_TREE_PLATFORMS.get(enum_name)
-        caps = getattr(self.resolve(target), "capabilities", None) if target else None
-        changes = {k: v for k, v in overrides.items() if hasattr(caps, k)}
-        if caps is None or not changes:
-            return caps
+        return getattr(self.resolve(target), "capabilities", None) if target else None
+
+    def replace_capabilities(self, capabilities, **changes):
+        """``capabilities`` with ``changes`` (a frozen msgspec struct in 0.5.23)."""
         import msgspec
 
-        return msgspec.structs.replace(caps, **changes)
+        return msgspec.structs.replace(capabilities, **changes)
 
     def platform_enum(self, name: str):
         return self.module("platform_enum").PlatformEnum[name]
