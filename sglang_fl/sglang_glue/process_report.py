@@ -5,16 +5,25 @@ peers fail in their next send or receive and one of them makes launch_server sto
 server. SGLang's message then only says that "one child failed". A BEFORE hook on launch_server's
 SIGQUIT handler logs each scheduler or detokenizer process that has exited, and how, before
 SGLang kills the rest (the SGLang details are in the version adapter (``sglang_fl.sglang_glue.adapters``)).
+
+A peer can see the closed connection before the killed process has finished exiting (the kernel
+closes its sockets before it becomes reapable), so when no process has exited yet the report
+waits up to ``DEATH_GRACE_S`` for one to; only a failure with no death behind it pays that wait.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.sglang_glue.adapters import get_adapter
 
 logger = get_logger("platform")
+
+#: How long a failure report waits for a dying process to become visible as exited.
+DEATH_GRACE_S = 2.0
+_POLL_S = 0.05
 
 
 def register_process_report() -> None:
@@ -31,11 +40,19 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _dead(children) -> list[tuple[str, int, int]]:
+    return [(label, proc.pid, proc.exitcode) for label, proc in children
+            if not proc.is_alive() and proc.exitcode not in (None, 0)]
+
+
 def report_dead_children(signal_handler, *args, **kwargs) -> None:
     try:
         children = get_adapter().server_children(signal_handler)
-        dead = [(label, proc.pid, proc.exitcode) for label, proc in children
-                if not proc.is_alive() and proc.exitcode not in (None, 0)]
+        dead = _dead(children)
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while children and not dead and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            dead = _dead(children)
     except Exception:  # noqa: BLE001 - a report must never stand in the way of SGLang's cleanup
         logger.debug("could not inspect the server's processes", exc_info=True)
         return None
