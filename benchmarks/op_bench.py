@@ -30,7 +30,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_support import make_rms_norm, make_rope, make_silu_and_mul, rope_caches  # noqa: E402
 
+from sglang_fl.tune import GDN, ModelShapes, build_case  # noqa: E402
+
 DTYPE = torch.bfloat16
+
+
+def gdn_shapes(value_heads: int) -> ModelShapes:
+    """Qwen3.6's GDN layer: 16 key heads of 128, ``value_heads`` value heads of 128, conv 4."""
+    return ModelShapes(hidden=2048, heads=16, kv_heads=2, head_dim=256, linear_key_heads=16,
+                       linear_value_heads=value_heads, linear_key_dim=128, linear_value_dim=128,
+                       conv_kernel=4, source="Qwen3.6 GDN layer")
 
 
 def _cases(quick: bool):
@@ -54,6 +63,13 @@ def _cases(quick: bool):
         for t in tokens:
             yield ("fused_moe", dict(tokens=t, experts=experts, top_k=k, hidden=hidden,
                                      intermediate=inter))
+    # Gated DeltaNet (Qwen3.6-35B-A3B: 16 key / 32 value heads; Qwen3.6-27B: 48 value heads),
+    # inputs as `sglang-fl tune` builds them: prefill ops on one sequence of `tokens` continuing
+    # a cached state, decode ops on `tokens` one-token sequences through a state pool.
+    for value_heads in (32, 48):
+        for op in GDN:
+            for t in (t for t in tokens if t <= 2048):  # the reference's chunk loop is slow
+                yield (op, dict(tokens=t, value_heads=value_heads))
 
 
 _GEN = None
@@ -104,6 +120,11 @@ def build_call(op, p, backend):
         weights, ids = torch.topk(logits.softmax(-1), p["top_k"], dim=-1)
         weights, ids = (weights / weights.sum(-1, keepdim=True)).float(), ids.to(torch.int32)
         return lambda: backend.fused_moe(layer, x, weights, ids)
+    if op in GDN:
+        (layer, args), = build_case(op, gdn_shapes(p["value_heads"]), p["tokens"], DTYPE, "cuda",
+                                    seed=p["tokens"]).variants
+        fn = getattr(backend, op)
+        return lambda: fn(layer, *args)
     raise ValueError(op)
 
 

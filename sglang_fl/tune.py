@@ -61,7 +61,25 @@ class ModelShapes:
     top_k: int = 0
     moe_intermediate: int = 0
     mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    #: Rotated channels per head; 0 means all of ``head_dim`` (Qwen3.5/3.6 rotate a quarter).
+    rotary_dim: int = 0
+    # Gated DeltaNet layers (Qwen3.5/3.6 hybrids); 0 key heads: the model has none.
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    conv_kernel: int = 0
     source: str = "defaults (Qwen2.5-0.5B shapes)"
+
+    @property
+    def rotary(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of a GDN layer's causal conv1d: q, k and v side by side."""
+        return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
 
     @classmethod
     def from_model(cls, path: str | Path) -> ModelShapes:
@@ -86,23 +104,38 @@ class ModelShapes:
             return cfg[key]
 
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-        scaling = cfg.get("rope_scaling") or {}
-        section = scaling.get("mrope_section") if isinstance(scaling, dict) else None
+        # rope_scaling (Qwen2-VL era) or rope_parameters (Qwen3.5/3.6) carry mRoPE and theta
+        rope = {**(cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}),
+                **(cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {})}
+        section = rope.get("mrope_section")
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+        # a hybrid MoE's dense MLP is its shared expert; an MoE without one still has silu_and_mul
+        dense = next((k for k in ("intermediate_size", "shared_expert_intermediate_size",
+                                  "moe_intermediate_size") if cfg.get(k)), "intermediate_size")
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        partial = float(cfg.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0)
+        gdn = bool(cfg.get("linear_num_key_heads"))
         return cls(
             hidden=hidden,
-            intermediate=int(need("intermediate_size")),
+            intermediate=int(need(dense)),
             heads=heads,
             kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_eps=float(cfg.get("rms_norm_eps") or 1e-6),
             max_positions=int(cfg.get("max_position_embeddings") or 4096),
-            rope_theta=float(cfg.get("rope_theta") or 10000.0),
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             experts=experts,
             top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
             moe_intermediate=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
             if experts else 0,
             mrope_section=tuple(int(x) for x in section) if section else None,
+            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
+            linear_key_heads=int(need("linear_num_key_heads")) if gdn else 0,
+            linear_value_heads=int(need("linear_num_value_heads")) if gdn else 0,
+            linear_key_dim=int(need("linear_key_head_dim")) if gdn else 0,
+            linear_value_dim=int(need("linear_value_head_dim")) if gdn else 0,
+            conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4) if gdn else 0,
             source=f"{cfg_path}",
         )
 
@@ -111,8 +144,14 @@ class ModelShapes:
                 f"{self.kv_heads} x {self.head_dim}")
         if self.experts:
             text += f", {self.experts} experts top-{self.top_k} x {self.moe_intermediate}"
+        if self.rotary_dim:
+            text += f", rotary {self.rotary_dim} of {self.head_dim}"
         if self.mrope_section:
             text += f", mrope_section {list(self.mrope_section)}"
+            text += " interleaved" if self.mrope_interleaved else ""
+        if self.linear_key_heads:
+            text += (f", GDN heads {self.linear_key_heads}/{self.linear_value_heads} x "
+                     f"{self.linear_key_dim}/{self.linear_value_dim}, conv {self.conv_kernel}")
         return text
 
 
@@ -125,6 +164,7 @@ class ModelShapes:
 class Case:
     variants: list[tuple[object, tuple]]
     canon: object = None  # fn(output) -> tensors to compare, default: the output's tensors
+    inplace: tuple[int, ...] = ()  # positions of args the op writes: compared after the call too
 
 
 def _layer(**attrs):
@@ -132,7 +172,7 @@ def _layer(**attrs):
 
 
 def _rope_cache(s: ModelShapes, torch, device, dtype):
-    half = s.head_dim // 2
+    half = s.rotary // 2
     inv = 1.0 / (s.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
     freqs = torch.outer(torch.arange(s.max_positions, device=device, dtype=torch.float32), inv)
     return freqs.cos().to(dtype), freqs.sin().to(dtype)
@@ -170,7 +210,8 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
             pos = (torch.arange(tokens) * 37 % s.max_positions).to(device)
             return Case([(layer, (q, k, cos, sin, pos, False, True))])
         pos = (torch.arange(3 * tokens) * 37 % s.max_positions).reshape(3, tokens).to(device)
-        return Case([(layer, (q, k, cos, sin, pos, tuple(s.mrope_section), False, False, True))])
+        return Case([(layer, (q, k, cos, sin, pos, tuple(s.mrope_section), s.mrope_interleaved,
+                              False, True))])
     if op == "topk":
         if not s.experts:
             return None
@@ -186,12 +227,63 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         weights, ids = torch.topk(logits.softmax(-1), s.top_k, dim=-1)
         weights = (weights / weights.sum(-1, keepdim=True)).float().to(device)
         return Case([(layer, (randn(tokens, h), weights, ids.to(device=device, dtype=torch.int32)))])
+    if op in GDN:
+        return _gdn_case(op, s, tokens, randn, torch, device, dtype) if s.linear_key_heads else None
+    raise KeyError(op)
+
+
+GDN = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d",
+       "causal_conv1d_update", "rms_norm_gated")
+
+
+def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
+    """A GDN layer's op at ``tokens`` tokens as SGLang calls it: prefill ops (chunked rule,
+    conv1d) on one sequence of ``tokens`` continuing a cached state, decode ops (recurrent
+    rule, conv1d update) on ``tokens`` sequences of one token each, through a state pool."""
+    h, hv, dk, dv, f32 = s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim, torch.float32
+
+    def ints(values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    a, b = randn(tokens, hv), randn(tokens, hv)
+    a_log, dt_bias = randn(hv, dt=f32).clamp(-1, 1), randn(hv, dt=f32)
+    if op == "gdn_gating":
+        return Case([(_layer(), (a_log, a, b, dt_bias))])
+    if op == "rms_norm_gated":
+        layer = _layer(weight=randn(dv, scale=0.1) + 1.0)
+        return Case([(layer, (randn(tokens * hv, dv), randn(tokens * hv, dv), s.rms_eps, None, True))])
+    q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
+    if op == "chunk_gated_delta_rule":
+        g = -torch.exp(a_log) * torch.nn.functional.softplus(a.float() + dt_bias)
+        beta = torch.sigmoid(b.float()).to(dtype)
+        state = randn(1, hv, dv, dk, scale=0.1, dt=f32)
+        return Case([(_layer(), (q, k, v, g[None], beta[None], state, ints([0, tokens])))])
+    if op == "recurrent_gated_delta_rule":
+        pool = randn(tokens + 1, hv, dv, dk, scale=0.1, dt=f32)
+        slots, cu = ints(list(range(1, tokens + 1))), ints(list(range(tokens + 1)))
+        return Case([(_layer(), (q, k, v, a, b, a_log, dt_bias, pool, slots, cu))], inplace=(7,))
+    dim, width = s.conv_dim, s.conv_kernel
+    weight = randn(dim, width, scale=width ** -0.5)
+    if op == "causal_conv1d":
+        states = randn(2, dim, width - 1)
+        has = torch.ones(1, dtype=torch.bool, device=device)
+        return Case([(_layer(), (randn(dim, tokens), weight, None, states, ints([0, tokens]),
+                                 ints([1]), has, "silu"))], inplace=(3,))
+    if op == "causal_conv1d_update":
+        states = randn(tokens + 1, dim, width - 1)
+        return Case([(_layer(), (randn(tokens, dim), states, weight, None, "silu",
+                                 ints(list(range(1, tokens + 1)))))], inplace=(1,))
     raise KeyError(op)
 
 
 #: Ops the tuner can build inputs for (an op added to the table needs a branch in build_case).
 TUNABLE = ("rms_norm", "gemma_rms_norm", "silu_and_mul", "rotary_embedding", "mrotary_embedding",
-           "topk", "fused_moe")
+           "topk", "fused_moe", *GDN)
+
+#: Why build_case gave no inputs: the model does not use the op.
+UNUSED = {"mrotary_embedding": "the model has no mRoPE (no mrope_section)",
+          "topk": "the model has no experts", "fused_moe": "the model has no experts",
+          **{op: "the model has no Gated DeltaNet layers" for op in GDN}}
 
 
 def _fp32(value, torch):
@@ -225,12 +317,15 @@ def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
     tol = spec.tolerance.for_dtype(dtype)
     canon = case.canon or (lambda out: out)
     for n, (layer, args) in enumerate(case.variants):
+        got_args = [_clone(a, torch) for a in args]
+        want_args = [_fp32(_clone(a, torch), torch) for a in args]
         try:
-            got = fn(layer, *[_clone(a, torch) for a in args])
+            got = fn(layer, *got_args)
         except Exception as exc:  # noqa: BLE001 - reported as the reason
             return f"raised {type(exc).__name__}: {str(exc)[:200]}"
-        want = reference(_fp32_layer(layer, torch), *[_fp32(_clone(a, torch), torch) for a in args])
-        got_t, want_t = _tensors(canon(got), torch), _tensors(canon(want), torch)
+        want = reference(_fp32_layer(layer, torch), *want_args)
+        got_t = _tensors(canon(got), torch) + [got_args[i] for i in case.inplace]
+        want_t = _tensors(canon(want), torch) + [want_args[i] for i in case.inplace]
         if len(got_t) != len(want_t):
             return f"variant {n}: {len(got_t)} outputs, the reference gives {len(want_t)}"
         for i, (g_, w_) in enumerate(zip(got_t, want_t, strict=True)):
@@ -374,8 +469,7 @@ def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...
         for t in all_tokens:
             case = build_case(spec.name, shapes, t, dtype, device)
             if case is None:
-                res.skipped = ("the model has no mRoPE (no rope_scaling.mrope_section)"
-                               if spec.name == "mrotary_embedding" else "the model has no experts")
+                res.skipped = UNUSED[spec.name]
                 break
             cases[t] = case
         if res.skipped:

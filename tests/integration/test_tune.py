@@ -165,3 +165,64 @@ def test_a_model_config_without_the_needed_sizes_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 64}')
     with pytest.raises(TuneError, match="no numeric 'num_attention_heads'"):
         ModelShapes.from_model(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid(tmp_path_factory):
+    """The tiny Qwen3.5-MoE: Gated DeltaNet layers, partial interleaved mRoPE, shared expert."""
+    from sglang_fl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "hybrid", preset="qwen3.5-moe",
+                           vocab_size=600)
+
+
+def test_a_hybrid_models_gdn_and_rope_shapes_come_from_its_config(tiny_hybrid):
+    s = ModelShapes.from_model(tiny_hybrid)
+    assert (s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim,
+            s.conv_kernel) == (2, 4, 16, 16, 4)
+    assert s.conv_dim == 2 * 2 * 16 + 4 * 16
+    assert (s.head_dim, s.rotary) == (32, 8)  # a quarter of each head rotates
+    assert s.mrope_interleaved and sum(s.mrope_section) == s.rotary // 2
+    assert (s.experts, s.top_k, s.moe_intermediate) == (16, 4, 32)
+    assert "GDN heads 2/4 x 16/16, conv 4" in s.describe() and "rotary 8 of 32" in s.describe()
+    assert ModelShapes().linear_key_heads == 0 and ModelShapes().rotary == ModelShapes().head_dim
+
+
+def test_tune_times_and_gates_every_gdn_op_of_a_hybrid_model(tiny_hybrid, tmp_path):
+    from sglang_fl.tune import GDN
+
+    shapes = ModelShapes.from_model(tiny_hybrid)
+    result = tune(manager_with(), shapes, BUCKETS, {"decode": (1, 2), "prefill": (70,)},
+                  torch.bfloat16, "cpu", ops=[*GDN, "mrotary_embedding"], **FAST)
+    for op in (*GDN, "mrotary_embedding"):
+        r = result.ops[op]
+        assert not r.skipped and not r.excluded, (op, r)
+        assert r.orders == {"decode": ["reference"], "prefill": ["reference"]}, op
+        assert set(r.us["reference"]) == {1, 2, 70}, op
+    out = tmp_path / "tuned.yaml"
+    out.write_text(to_yaml(result))
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert all(s.backend_order(op, "prefill") == ("reference",) for op in GDN)
+    dense = tune(manager_with(), ModelShapes(), BUCKETS, {"decode": (1,), "prefill": (4,)},
+                 torch.float32, "cpu", ops=list(GDN), **FAST)
+    assert {r.skipped for r in dense.ops.values()} == {"the model has no Gated DeltaNet layers"}
+
+
+def test_an_impl_that_writes_a_wrong_state_is_excluded(tiny_hybrid):
+    """The decode ops' state pools are outputs too: a kernel whose returned value is right but
+    whose written state is off must fail the gate."""
+    ref = ReferenceBackend()
+
+    def stale_state(obj, x, conv_state, *args):
+        out = ref.causal_conv1d_update(obj, x, conv_state, *args)
+        conv_state[1:] *= 1.5  # the slots it wrote, scaled
+        return out
+
+    manager = manager_with(OpImpl("causal_conv1d_update", "flagos", "flagos", stale_state))
+    result = tune(manager, ModelShapes.from_model(tiny_hybrid), BUCKETS,
+                  {"decode": (1,), "prefill": (8,)}, torch.float32, "cpu",
+                  ops=["causal_conv1d_update"], **FAST)
+    r = result.ops["causal_conv1d_update"]
+    assert list(r.excluded) == ["flagos(flagos)"]
+    assert "output 1: max abs error" in r.excluded["flagos(flagos)"]
+    assert r.orders["decode"] == ["reference"]
