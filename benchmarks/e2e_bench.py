@@ -13,8 +13,13 @@ Per configuration and repeat:
 - prefill tok/s: 8 prompts of 2048 tokens, 1 new token, ``tokens / t``.
 
 Medians over repeats with min/max go to JSON (``--out``) and a markdown table, with each
-configuration's paired ratio to ``native-L1off`` (per repeat, so drift cancels): median, 95 %
-bootstrap confidence interval and IQR (benchmarks/paired_stats.py). GPU runs here swing 10-25 %
+configuration's paired ratio to ``native-L1off`` (``--anchor``; per repeat, so drift cancels):
+median, 95 % bootstrap confidence interval and IQR (benchmarks/paired_stats.py).
+
+A configuration named ``NAME+mtp`` is ``NAME`` served with MTP speculative decoding
+(``MTP_ARGS``, SGLang's NEXTN: the checkpoint's own MTP layer drafts); the run then also gives
+its paired ratio to ``NAME``, the accept length SGLang reports (decode at batch 1), and whether
+its greedy ids equal ``NAME``'s token for token. GPU runs here swing 10-25 %
 between runs: use 60+ repeats before reading a verdict. The run also
 checks greedy ids of every configuration against HF transformers on the same weights, and keeps
 the ``[OOT-DISPATCH]`` lines each server wrote.
@@ -78,6 +83,30 @@ CONFIGS = {
     "fl-defaults": {},
 }
 
+#: What a ``NAME+mtp`` configuration adds: NEXTN, 3 draft steps of one token each.
+MTP_SUFFIX = "+mtp"
+MTP_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def resolve_configs(names, extra=()):
+    """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, ``NAME+mtp``
+    variants of them and ``--extra-config`` ones; an unknown name is refused naming the known."""
+    known = dict(CONFIGS)
+    known.update(parse_config(text) for text in extra)
+    out = {}
+    for name in names or known:
+        base = name.removesuffix(MTP_SUFFIX)
+        if base not in known:
+            raise SystemExit(f"--configs: unknown configuration {name!r}; known: "
+                             f"{', '.join(known)} (each also as NAME{MTP_SUFFIX})")
+        out[name] = (known[base], MTP_ARGS if name.endswith(MTP_SUFFIX) else [])
+    for text in extra:  # an extra configuration is always run
+        name, env = parse_config(text)
+        out.setdefault(name, (env, []))
+    return out
+
+
 def _version_args() -> list[str]:
     """The prefill (piecewise) CUDA graph off and the decode graph's batch cap, spelled as the
     installed SGLang spells them."""
@@ -134,8 +163,11 @@ def measure(server, vocab, seed, new_tokens):
     for batch in (1, 32):
         ids = prompts(batch, 128, vocab, seed + batch)
         t_one = statistics.median(generate(server, ids, 1)[0] for _ in range(3))
-        t_all, _ = generate(server, ids, new_tokens)
+        t_all, outs = generate(server, ids, new_tokens)
         res[f"decode_bs{batch}_tok_s"] = batch * (new_tokens - 1) / max(t_all - t_one, 1e-9)
+        accept = (outs[0].get("meta_info") or {}).get("spec_accept_length")
+        if batch == 1 and accept is not None:  # reported by SGLang when speculating
+            res["spec_accept_length"] = accept
     ids = prompts(8, 2048, vocab, seed + 99)
     t_pref, _ = generate(server, ids, 1)
     res["prefill_tok_s"] = 8 * 2048 / t_pref
@@ -175,7 +207,7 @@ def start_all(configs, model, mem_fraction, log_dir, timeout):
     from sglang_fl.serving import launched_server
 
     cms, servers, errors = {}, {}, {}
-    for i, (name, env) in enumerate(configs.items()):
+    for i, (name, (env, extra_args)) in enumerate(configs.items()):
         # Logs are appended to by the server processes: drop any left by an earlier run in the
         # same directory, or its dispatch lines would be read as this run's routes.
         for stale in (log_dir / f"dispatch-{i}.log", log_dir / f"server-{i}.log"):
@@ -183,7 +215,7 @@ def start_all(configs, model, mem_fraction, log_dir, timeout):
         env = dict(env)
         env["SGLANG_FL_DISPATCH_LOG"] = str(log_dir / f"dispatch-{i}.log")
         cms[name] = launched_server(
-            model, [*SERVER_ARGS, "--mem-fraction-static", str(mem_fraction)], env=env,
+            model, [*SERVER_ARGS, *extra_args, "--mem-fraction-static", str(mem_fraction)], env=env,
             log_path=log_dir / f"server-{i}.log", timeout=timeout)
     with cf.ThreadPoolExecutor(len(cms)) as pool:
         futures = {pool.submit(cm.__enter__): name for name, cm in cms.items()}
@@ -201,21 +233,40 @@ def summarize(values, reps):
             "runs": values, "reps": reps}
 
 
+def _paired(res, base):
+    out = {}
+    for key in METRICS:
+        a = dict(zip(res[key]["reps"], res[key]["runs"], strict=True))
+        b = dict(zip(base[key]["reps"], base[key]["runs"], strict=True))
+        common = sorted(set(a) & set(b))
+        if len(common) >= 2:
+            out[key] = summarize_pairs([a[r] for r in common], [b[r] for r in common])
+    return out
+
+
 def paired_to_anchor(results, anchor=ANCHOR):
     """{config: {metric: paired summary vs anchor}} over the repeats both completed."""
     if anchor not in results:
         return {}
+    return {name: _paired(res, results[anchor]) for name, res in results.items() if name != anchor}
+
+
+def paired_speculation(results):
+    """{NAME+mtp: {metric: paired summary vs NAME}} for each speculative configuration whose
+    plain twin ran."""
+    return {name: _paired(res, results[name.removesuffix(MTP_SUFFIX)])
+            for name, res in results.items()
+            if name.endswith(MTP_SUFFIX) and name.removesuffix(MTP_SUFFIX) in results}
+
+
+def speculation_exact(greedy):
+    """{NAME+mtp: whether its greedy ids equal NAME's, prompt by prompt} (None: one failed)."""
     out = {}
-    for name, res in results.items():
-        if name == anchor:
-            continue
-        out[name] = {}
-        for key in METRICS:
-            a = dict(zip(res[key]["reps"], res[key]["runs"], strict=True))
-            b = dict(zip(results[anchor][key]["reps"], results[anchor][key]["runs"], strict=True))
-            common = sorted(set(a) & set(b))
-            if len(common) >= 2:
-                out[name][key] = summarize_pairs([a[r] for r in common], [b[r] for r in common])
+    for name, ids in greedy.items():
+        plain = greedy.get(name.removesuffix(MTP_SUFFIX))
+        if name.endswith(MTP_SUFFIX) and plain is not None:
+            out[name] = ([list(a) == list(b) for a, b in zip(ids, plain, strict=True)]
+                         if isinstance(ids, list) and isinstance(plain, list) else None)
     return out
 
 
@@ -224,9 +275,11 @@ def main(argv=None):
     ap.add_argument("--model", required=True, help="checkpoint directory")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/e2e-logs"))
-    ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS))
+    ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS)
+                    + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding)")
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
+    ap.add_argument("--anchor", default=ANCHOR, help="configuration the paired ratios divide by")
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop starting new repeats after this many seconds from launch (the "
@@ -239,12 +292,7 @@ def main(argv=None):
                     "for a CPU smoke run")
     args = ap.parse_args(argv)
 
-    configs = dict(CONFIGS)
-    if args.configs:
-        configs = {k: v for k, v in configs.items() if k in args.configs.split(",")}
-    for extra in args.extra_config:
-        name, env = parse_config(extra)
-        configs[name] = env
+    configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     if args.server_args is not None:
         SERVER_ARGS[:] = shlex.split(args.server_args)
@@ -258,7 +306,10 @@ def main(argv=None):
     print(f"# started {len(servers)}/{len(configs)} servers in {time.time() - t0:.0f}s; "
           f"failed: {list(errors)}", flush=True)
     doc = {"benchmark": "e2e_bench", "model": args.model, "server_args": SERVER_ARGS,
-           "mem_fraction_static": args.mem_fraction, "configs": configs, "start_errors": errors,
+           "mem_fraction_static": args.mem_fraction, "anchor": args.anchor,
+           "configs": {n: env for n, (env, _) in configs.items()},
+           "config_server_args": {n: a for n, (_, a) in configs.items() if a},
+           "start_errors": errors,
            "repeats_asked": args.repeats, "new_tokens": args.new_tokens, "results": {}}
     try:
         with contextlib.ExitStack() as stack:
@@ -292,7 +343,12 @@ def main(argv=None):
                     reps = sorted(rs)
                     doc["results"][name] = {k: summarize([rs[r][k] for r in reps], reps)
                                             for k in METRICS}
-            doc["paired"] = paired_to_anchor(doc["results"])
+                    spec = [r for r in reps if "spec_accept_length" in rs[r]]
+                    if spec:
+                        doc["results"][name]["spec_accept_length"] = summarize(
+                            [rs[r]["spec_accept_length"] for r in spec], spec)
+            doc["paired"] = paired_to_anchor(doc["results"], args.anchor)
+            doc["paired_speculation"] = paired_speculation(doc["results"])
 
             # Greedy ids against HF transformers on the same weights.
             ids = prompts(4, 32, vocab, 7)
@@ -303,7 +359,8 @@ def main(argv=None):
                     greedy[name] = [o["output_ids"] for o in outs]
                 except Exception as exc:  # noqa: BLE001
                     greedy[name] = f"{type(exc).__name__}: {exc}"
-            doc["greedy"] = {"prompts": ids, "servers": greedy}
+            doc["greedy"] = {"prompts": ids, "servers": greedy,
+                             "speculative_equals_plain": speculation_exact(greedy)}
     finally:
         doc["start_errors"] = errors
         doc.setdefault("greedy", {})
@@ -349,9 +406,15 @@ def _versions():
     return info
 
 
+def _ratios(paired):
+    return " / ".join(f"{p['median']:.3f} [{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f}]"
+                      if (p := paired.get(k)) else "-" for k in METRICS) if paired else "-"
+
+
 def table(doc):
     head = ["configuration", "decode bs1 tok/s", "decode bs32 tok/s", "prefill tok/s",
-            f"paired vs {ANCHOR}: bs1 / bs32 / prefill, median [95% CI]", "greedy = HF"]
+            f"paired vs {doc.get('anchor', ANCHOR)}: bs1 / bs32 / prefill, median [95% CI]",
+            "greedy = HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     match = doc.get("greedy", {}).get("match", {})
     for name, r in doc["results"].items():
@@ -359,15 +422,22 @@ def table(doc):
         for k in METRICS:
             m = r[k]
             cells.append(f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})")
-        paired = doc.get("paired", {}).get(name, {})
-        cells.append(" / ".join(
-            f"{p['median']:.3f} [{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f}]" if (p := paired.get(k))
-            else "-" for k in METRICS) if paired else "-")
+        cells.append(_ratios(doc.get("paired", {}).get(name, {})))
         mm = match.get(name)
         cells.append("-" if mm is None else f"{mm:.0%}")
         lines.append("| " + " | ".join(cells) + " |")
     for name, err in doc.get("start_errors", {}).items():
         lines.append(f"| {name} | failed: {err.splitlines()[-1][:120] if err else ''} |||||")
+    if doc.get("paired_speculation"):
+        exact = doc.get("greedy", {}).get("speculative_equals_plain", {})
+        lines += ["", "| speculative | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
+                  "accept length bs1, median (min-max) | greedy ids = plain twin |", "|---|---|---|---|"]
+        for name, paired in doc["paired_speculation"].items():
+            acc = doc["results"][name].get("spec_accept_length")
+            same = exact.get(name)
+            lines.append(f"| {name} | {_ratios(paired)} | "
+                         + (f"{acc['median']:.2f} ({acc['min']:.2f}-{acc['max']:.2f})" if acc else "-")
+                         + " | " + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
     return "\n".join(lines)
 
 

@@ -17,7 +17,8 @@
 #   emptymode  uninstall sglang-kernel and apache-tvm-ffi (empty mode), then
 #            tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own kernels uninstalled)
 #   ops      benchmarks/op_bench.py -> $OUT/ops.json
-#   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in $MODEL_DIR
+#   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in
+#            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1)
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
 set -uo pipefail
@@ -117,7 +118,8 @@ stage_ops() {
 
 stage_model() {
   log "model -> $MODEL_DIR"
-  "$PY" -c "from sglang_fl.models import make_tiny_model; print(make_tiny_model('$MODEL_DIR', preset='${MODEL_PRESET:-qwen2.5-0.5b}'))"
+  args "${MODEL_ARGS:-}"
+  "$PY" -m sglang_fl.cli make-tiny-model "$MODEL_DIR" --preset "${MODEL_PRESET:-qwen2.5-0.5b}" "${ARGS[@]}"
 }
 
 stage_e2e() {

@@ -32,11 +32,14 @@ def default_model_dir() -> Path:
 def add_subcommands(subparsers) -> None:
     from sglang_fl.models import PRESETS, TinyModelSpec
 
-    p = subparsers.add_parser("make-tiny-model", help="write a random-weight Qwen2 or Qwen3-MoE with a local tokenizer")
+    p = subparsers.add_parser("make-tiny-model", help="write a random-weight Qwen2, Qwen3-MoE or "
+                              "Qwen3.5/3.6 hybrid with a local tokenizer")
     p.add_argument("dir", type=Path, help="output directory (reused if it already holds the same model)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help="tiny (Qwen2, 2 CPU cores), qwen2.5-0.5b (Qwen2.5-0.5B shapes, bf16, for "
-                        "GPUs) or qwen3-moe (Qwen3-30B-A3B routing: 128 experts, top-8; tiny sizes)")
+                   help="tiny (Qwen2, 2 CPU cores), qwen3-moe / qwen3.5 / qwen3.5-moe (those "
+                        "architectures at tiny sizes), qwen2.5-0.5b / qwen3-30b-a3b / qwen3.6-27b / "
+                        "qwen3.6-35b-a3b (the real models' layer shapes, bf16, for GPUs); "
+                        "the presets are in sglang_fl/models/tiny.py")
     for f in dataclasses.fields(TinyModelSpec):
         kind = {"bool": _bool_arg, "float": float, "int": int}.get(f.type, str)
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,

@@ -12,7 +12,9 @@ change.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+from pathlib import Path
 
 from sglang_fl.dispatch.backends import real_module_available
 from sglang_fl.logging_setup import get_logger
@@ -28,13 +30,41 @@ CPU_MAX_MAMBA_CACHE_SIZE = CPU_MAX_TOTAL_TOKENS // 64
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 
 
+#: config.json keys only a model with recurrent-state (Mamba/GDN) layers has.
+HYBRID_CONFIG_KEYS = ("linear_num_key_heads", "linear_conv_kernel_dim", "mamba_d_state",
+                      "mamba_n_heads", "ssm_state_size", "hybrid_override_pattern",
+                      "layers_block_type", "attn_layer_period")
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "attention")
+
+
+def model_is_hybrid(model_path) -> bool | None:
+    """Whether the model at ``model_path`` has recurrent-state layers, from its config.json;
+    None when that cannot be read here (a hub name, say)."""
+    cfg_path = Path(str(model_path)) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for part in (cfg, cfg.get("text_config") or {}):
+        if not isinstance(part, dict):
+            continue
+        if any(key in part for key in HYBRID_CONFIG_KEYS):
+            return True
+        layer_types = part.get("layer_types")
+        if isinstance(layer_types, list) and any(t not in ATTENTION_LAYER_TYPES for t in layer_types):
+            return True
+    return False
+
+
 def remember_user_choices(server_args, *args, **kwargs):
     """BEFORE hook of the adapter's ``SERVER_ARGS_POST_INIT`` (where the version has one)."""
     get_adapter().remember_user_choices(server_args)
 
 
-def _plan(settings) -> dict[str, tuple[object, str]]:
-    """option -> (value, why) for this platform."""
+def _plan(settings, server_args) -> dict[str, tuple[object, str]]:
+    """option -> (value, why) for this platform (and, on CPU, this model)."""
     platform = settings.platform
     plan: dict[str, tuple[object, str]] = {}
     if platform == "cpu":
@@ -43,7 +73,14 @@ def _plan(settings) -> dict[str, tuple[object, str]]:
         plan["max_total_tokens"] = (CPU_MAX_TOTAL_TOKENS, "SGLang would size the KV pool from host RAM")
         plan["max_mamba_cache_size"] = (CPU_MAX_MAMBA_CACHE_SIZE,
                                         "SGLang would size the hybrid models' state pool from host RAM")
-        plan.update(get_adapter().CPU_HYBRID_DEFAULTS)
+        hybrid_defaults = get_adapter().CPU_HYBRID_DEFAULTS
+        if hybrid_defaults:
+            hybrid = model_is_hybrid(getattr(server_args, "model_path", ""))
+            if hybrid is None:
+                logger.info("server defaults for hybrid models applied: %s/config.json is not "
+                            "readable here, so it may be one", getattr(server_args, "model_path", ""))
+            if hybrid is not False:  # these would change how a dense model is scheduled
+                plan.update(hybrid_defaults)
     elif platform == "cuda" and not real_module_available("flashinfer")[0]:
         # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
         plan["attention_backend"] = ("triton", "flashinfer is not installed (empty mode)")
@@ -65,7 +102,7 @@ def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
     adapter = get_adapter()
     chosen = adapter.user_choices(server_args)
     changed = {}
-    plan = _plan(settings)
+    plan = _plan(settings, server_args)
     dtype = getattr(server_args, "dtype", None)
     if settings.platform == "cpu" and dtype in STATE_DTYPES:
         # SGLang keeps the GDN/Mamba conv state in bf16 whatever the model's dtype: an fp32 model

@@ -142,6 +142,38 @@ def test_server_defaults_only_touch_what_the_user_left_unset(sglang_with_plugin)
     assert args.attention_backend == "torch_native"
 
 
+def test_hybrid_cpu_defaults_reach_hybrid_models_only(sglang_with_plugin, tmp_path):
+    """The version's CPU defaults for hybrid models (0.5.23: no_buffer mamba cache, overlap
+    scheduling off) leave a dense model's scheduling to SGLang; a model whose config is not
+    readable here gets them (it may be hybrid)."""
+    import json
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+    from sglang_fl.sglang_glue.server_defaults import apply_defaults
+
+    hybrid_defaults = get_adapter().CPU_HYBRID_DEFAULTS
+    if not hybrid_defaults:
+        pytest.skip("this SGLang version needs no CPU defaults for hybrid models")
+    cpu = build_settings(env={}, detect_platform=lambda: "cpu")
+    configs = {"dense": {"model_type": "qwen2"},
+               "hybrid": {"model_type": "qwen3_5", "text_config": {"linear_num_key_heads": 2}}}
+    for name, config in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    for model, expect in ((tmp_path / "dense", False), (tmp_path / "hybrid", True), ("dummy", True)):
+        args = user_input(ServerArgs(model_path="dummy"))
+        args.model_path = str(model)
+        before = {k: getattr(args, k) for k in hybrid_defaults}
+        changed = apply_defaults(cpu, args)
+        for option, (value, _) in hybrid_defaults.items():
+            if expect:
+                assert getattr(args, option) == value, (model, option)
+            else:
+                assert getattr(args, option) == before[option] and option not in changed, (model, option)
+
+
 def test_vendor_attention_backend_is_registered_with_sglang(sglang_with_plugin):
     """The template vendor's example is in SGLang's registry and argparse choices, runs none
     of SGLang's Triton helpers, and builds SGLang's torch_native backend."""

@@ -46,3 +46,36 @@ def test_e2e_pairs_only_repeats_both_configurations_completed():
     assert paired["b"]["prefill_tok_s"]["median"] == pytest.approx(0.5)
     doc = {"results": results, "paired": paired, "greedy": {}, "start_errors": {}}
     assert "0.500 [0.500-0.500]" in e2e_bench.table(doc)
+
+
+def test_mtp_configurations_pair_with_their_plain_twin():
+    import e2e_bench
+
+    configs = e2e_bench.resolve_configs(["fl-defaults", "fl-defaults+mtp"],
+                                        ["mine=USE_FLAGGEMS=1"])
+    assert configs["fl-defaults"] == ({}, [])
+    assert configs["fl-defaults+mtp"] == ({}, e2e_bench.MTP_ARGS)
+    assert configs["mine"] == ({"USE_FLAGGEMS": "1"}, [])
+    assert "--speculative-algorithm" in e2e_bench.MTP_ARGS
+    with pytest.raises(SystemExit, match="unknown configuration 'nope\\+mtp'.*fl-defaults"):
+        e2e_bench.resolve_configs(["nope+mtp"])
+
+    def res(values, accept=None):
+        out = {k: e2e_bench.summarize(list(values), [0, 1, 2]) for k in e2e_bench.METRICS}
+        if accept:
+            out["spec_accept_length"] = e2e_bench.summarize(accept, [0, 1, 2])
+        return out
+
+    results = {"native-L1off": res([10.0, 10.0, 10.0]), "fl-defaults": res([10.0, 20.0, 40.0]),
+               "fl-defaults+mtp": res([15.0, 30.0, 60.0], [1.5, 1.6, 1.7])}
+    spec = e2e_bench.paired_speculation(results)
+    assert list(spec) == ["fl-defaults+mtp"]
+    assert spec["fl-defaults+mtp"]["decode_bs1_tok_s"]["median"] == pytest.approx(1.5)
+    greedy = {"fl-defaults": [[1, 2], [3, 4]], "fl-defaults+mtp": [[1, 2], [3, 5]]}
+    assert e2e_bench.speculation_exact(greedy) == {"fl-defaults+mtp": [True, False]}
+    doc = {"results": results, "paired": e2e_bench.paired_to_anchor(results), "anchor": "native-L1off",
+           "paired_speculation": spec, "start_errors": {},
+           "greedy": {"speculative_equals_plain": e2e_bench.speculation_exact(greedy)}}
+    text = e2e_bench.table(doc)
+    assert "| fl-defaults+mtp | 1.500 [1.500-1.500]" in text
+    assert "1.60 (1.50-1.70) | 1/2 prompts |" in text
