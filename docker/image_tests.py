@@ -69,18 +69,27 @@ def free_port() -> int:
 
 
 def split_posargs(posargs: list[str]) -> dict[str, str]:
-    """``--image IMG`` (skip the build, use IMG) and ``--base IMG`` (build on IMG)."""
+    """``--image IMG`` (skip the build, use IMG), ``--base IMG`` (build on IMG) and
+    ``--sglang VERSION`` (build with that SGLang of docker/stacks/cpu.ini, tagged
+    ``flagos/sglang-fl:cpu-sglangVERSION``)."""
     opts, it = {}, iter(posargs)
     for arg in it:
         key, sep, value = arg.partition("=")
-        if key in ("--image", "--base"):
+        if key in ("--image", "--base", "--sglang"):
             value = value if sep else next(it, "")
             if not value:
                 raise ImageCheckError(f"{key} needs a value")
             opts[key[2:]] = value
         else:
-            raise ImageCheckError(f"unknown argument {arg!r}; accepted: --image IMG, --base IMG")
+            raise ImageCheckError(f"unknown argument {arg!r}; accepted: --image IMG, --base IMG, "
+                                  "--sglang VERSION")
+    if "image" in opts and "sglang" in opts:
+        raise ImageCheckError("--sglang picks what to build; --image skips the build: give one")
     return opts
+
+
+def cpu_image_tag(opts: dict[str, str]) -> str:
+    return opts.get("image") or (f"{IMAGE_CPU}-sglang{opts['sglang']}" if "sglang" in opts else IMAGE_CPU)
 
 
 def prepare(session, need_compose: bool = False) -> None:
@@ -93,11 +102,15 @@ def prepare(session, need_compose: bool = False) -> None:
         session.error(f"no Docker engine for this session: {exc}")
 
 
-def build_image(session, vendor: str, tag: str, base: str | None = None) -> None:
+def build_image(session, vendor: str, tag: str, base: str | None = None,
+                sglang: str | None = None) -> None:
     """`docker build` of docker/<vendor>/Dockerfile with the classic builder (no BuildKit: it
-    would contact Docker Hub for a frontend), this host's pip settings and CA certificates."""
+    would contact Docker Hub for a frontend), this host's pip settings and CA certificates;
+    ``sglang``: the image's SGLANG_VERSION build argument (else the stack's default)."""
     args = ["docker", "build", "--network", "host", "-f", f"docker/{vendor}/Dockerfile",
             "-t", tag]
+    if sglang:
+        args += ["--build-arg", f"SGLANG_VERSION={sglang}"]
     if base is None and vendor == "cpu":
         session.log(host_engine.ensure_base_image())
         base = host_engine.BASE_IMAGE
@@ -218,9 +231,9 @@ def check_bad_inputs(session, image: str, model_dir: Path) -> None:
 def image_cpu(session) -> None:
     opts = _posargs(session)
     prepare(session)
-    image = opts.get("image", IMAGE_CPU)
+    image = cpu_image_tag(opts)
     if "image" not in opts:
-        build_image(session, "cpu", image, opts.get("base"))
+        build_image(session, "cpu", image, opts.get("base"), opts.get("sglang"))
     name = f"sglang-fl-image-cpu-{os.getpid()}"
     model_dir = None
     try:
@@ -260,9 +273,9 @@ def image_cpu(session) -> None:
 def compose_cpu(session) -> None:
     opts = _posargs(session)
     prepare(session, need_compose=True)
-    image = opts.get("image", IMAGE_CPU)
+    image = cpu_image_tag(opts)
     if "image" not in opts:
-        build_image(session, "cpu", image, opts.get("base"))
+        build_image(session, "cpu", image, opts.get("base"), opts.get("sglang"))
     project = f"sglang-fl-compose-cpu-{os.getpid()}"
     single = f"{project}-tp1"
     port = free_port()

@@ -105,3 +105,17 @@ def test_check_says_why_it_cannot_in_one_line(tmp_path):
     assert line.startswith(f"no Docker engine here: DOCKER_HOST=unix://{tmp_path}/absent.sock "
                            "is set but ")
     assert host_engine.main(["no-such-command"]) == 2
+
+
+def test_image_sessions_take_the_sglang_version_to_build():
+    import image_tests
+
+    opts = image_tests.split_posargs(["--sglang", "0.5.23", "--base=deb:12"])
+    assert opts == {"sglang": "0.5.23", "base": "deb:12"}
+    assert image_tests.cpu_image_tag(opts) == "flagos/sglang-fl:cpu-sglang0.5.23"
+    assert image_tests.cpu_image_tag({}) == "flagos/sglang-fl:cpu"
+    assert image_tests.cpu_image_tag({"image": "mine:1"}) == "mine:1"
+    with pytest.raises(image_tests.ImageCheckError, match="give one"):
+        image_tests.split_posargs(["--sglang", "0.5.23", "--image", "mine:1"])
+    with pytest.raises(image_tests.ImageCheckError, match="accepted: --image IMG, --base IMG, --sglang"):
+        image_tests.split_posargs(["--sglnag", "0.5.23"])
