@@ -20,6 +20,7 @@
 #   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in
 #            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1)
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
+#   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
 set -uo pipefail
 
@@ -128,6 +129,13 @@ stage_e2e() {
   timeout "${E2E_TIMEOUT:-480}" "$PY" benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
     --log-dir /tmp/e2e-logs "${ARGS[@]}" 2>&1 | tee "$OUT/e2e.log" | tail -n 60
   tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs 2>/dev/null
+}
+
+stage_tune() {
+  log "sglang-fl tune on $MODEL_DIR"
+  args "${TUNE_ARGS:-}"
+  timeout "${TUNE_TIMEOUT:-300}" "$PY" -m sglang_fl.cli tune --model "$MODEL_DIR" \
+    --out "$OUT/tuned.yaml" "${ARGS[@]}" 2>&1 | tee "$OUT/tune.log" | tail -n 40
 }
 
 stage_savejit() {
