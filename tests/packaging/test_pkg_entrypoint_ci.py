@@ -137,12 +137,15 @@ def test_shell_scripts_pass_shellcheck():
 
 def test_ci_entry_points_call_existing_nox_sessions():
     cpu = (ROOT / "ci" / "cpu-pipeline.sh").read_text()
-    assert "sessions=(lint tests smoke-cpu)" in cpu and "sessions+=(image-cpu compose-cpu)" in cpu
+    assert "sessions=(lint tests tests-sglang-0.5.23 smoke-cpu)" in cpu
+    assert "sessions+=(image-cpu compose-cpu)" in cpu
+    assert "python3 -m nox -s image-cpu -- --sglang 0.5.23" in cpu
     gpu = (ROOT / "ci" / "gpu-smoke.sh").read_text()
     assert "python3 -m nox -s smoke-cuda" in gpu
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 -m nox -s tests" in ci
     assert "python3 -m nox -s image-cpu compose-cpu" in ci
+    assert "python3 -m nox -s image-cpu -- --sglang 0.5.23" in ci
     assert "python3 docker/host_engine.py check" in ci  # decides, and says why it skips
 
 
