@@ -296,6 +296,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "eps/group_size/norm_before_gate from the layer (RMSNormGated in SGLang, the FLA "
             "layernorm_gated RMSNorm); SiLU gating only."),
         serves=("RMSNormGated",),
+        arg_types=(("z", "Tensor?"), ("eps", "float"), ("group_size", "int?")),
     ),
 )
 

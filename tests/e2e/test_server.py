@@ -95,3 +95,20 @@ def test_dispatch_log_has_exactly_the_expected_lines(server, run_dir):
 
 def test_served_run_never_called_a_standin(server):
     assert standin_calls_in(server.log_text()) == []
+
+
+def test_an_idle_cpu_server_waits_instead_of_polling(server):
+    """The plugin's CPU default: SGLang's entry scheduler sleeps on its sockets when idle (else
+    it keeps a core busy, which a 2-core host's other servers and tests then lack). Not a speed
+    check: a polling loop takes most of a core even on a loaded host, a waiting one ~0 %."""
+    import time
+
+    import psutil
+
+    assert "server default: sleep_on_idle=True" in server.log_text()
+    root = psutil.Process(server.process.pid)
+    procs = [root, *root.children(recursive=True)]
+    before = {p.pid: sum(p.cpu_times()[:2]) for p in procs}
+    time.sleep(3)
+    used = {p.pid: round((sum(p.cpu_times()[:2]) - before[p.pid]) / 3, 2) for p in procs}
+    assert max(used.values()) < 0.5, f"CPU-seconds per second by pid: {used}"

@@ -123,6 +123,7 @@ def test_server_defaults_only_touch_what_the_user_left_unset(sglang_with_plugin)
     args.attention_backend = "intel_amx"  # what SGLang fills in on device=cpu
     changed = apply_defaults(cpu, args)
     assert args.attention_backend == "torch_native" and args.disable_cuda_graph is True
+    assert args.sleep_on_idle is True and "busy polling" in changed["sleep_on_idle"][1]
     assert args.max_total_tokens == 2048 and "max_total_tokens" not in changed
     args = user_input(ServerArgs(model_path="dummy", attention_backend="intel_amx"))
     apply_defaults(cpu, args)
