@@ -145,7 +145,6 @@ def test_ci_entry_points_call_existing_nox_sessions():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 -m nox -s tests" in ci
     assert "python3 -m nox -s image-cpu compose-cpu" in ci
-    assert "python3 -m nox -s image-cpu -- --sglang 0.5.23" in ci
     assert "python3 docker/host_engine.py check" in ci  # decides, and says why it skips
 
 
