@@ -92,18 +92,15 @@ MTP_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
 def resolve_configs(names, extra=()):
     """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, ``NAME+mtp``
     variants of them and ``--extra-config`` ones; an unknown name is refused naming the known."""
-    known = dict(CONFIGS)
-    known.update(parse_config(text) for text in extra)
+    extras = dict(parse_config(text) for text in extra)
+    known = {**CONFIGS, **extras}
     out = {}
-    for name in names or known:
+    for name in [*(names or known), *extras]:  # an extra configuration is always run
         base = name.removesuffix(MTP_SUFFIX)
         if base not in known:
             raise SystemExit(f"--configs: unknown configuration {name!r}; known: "
                              f"{', '.join(known)} (each also as NAME{MTP_SUFFIX})")
-        out[name] = (known[base], MTP_ARGS if name.endswith(MTP_SUFFIX) else [])
-    for text in extra:  # an extra configuration is always run
-        name, env = parse_config(text)
-        out.setdefault(name, (env, []))
+        out.setdefault(name, (known[base], MTP_ARGS if name.endswith(MTP_SUFFIX) else []))
     return out
 
 

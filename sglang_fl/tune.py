@@ -31,7 +31,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_fl.dispatch.ops import OPS, OpSpec
+from sglang_fl.dispatch.ops import GDN_OPS, OPS, OpSpec
 
 KIND_ORDER = ("flagos", "vendor", "reference")
 
@@ -232,8 +232,7 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
     raise KeyError(op)
 
 
-GDN = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d",
-       "causal_conv1d_update", "rms_norm_gated")
+GDN = tuple(spec.name for spec in GDN_OPS)
 
 
 def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
@@ -253,11 +252,12 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
         layer = _layer(weight=randn(dv, scale=0.1) + 1.0)
         return Case([(layer, (randn(tokens * hv, dv), randn(tokens * hv, dv), s.rms_eps, None, True))])
     q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
-    if op == "chunk_gated_delta_rule":
-        g = -torch.exp(a_log) * torch.nn.functional.softplus(a.float() + dt_bias)
-        beta = torch.sigmoid(b.float()).to(dtype)
+    if op == "chunk_gated_delta_rule":  # g and beta as gdn_gating hands them on
+        from sglang_fl.dispatch.backends.reference_gdn import gdn_gating
+
+        g, beta = gdn_gating(a_log, a, b, dt_bias)
         state = randn(1, hv, dv, dk, scale=0.1, dt=f32)
-        return Case([(_layer(), (q, k, v, g[None], beta[None], state, ints([0, tokens])))])
+        return Case([(_layer(), (q, k, v, g, beta, state, ints([0, tokens])))])
     if op == "recurrent_gated_delta_rule":
         pool = randn(tokens + 1, hv, dv, dk, scale=0.1, dt=f32)
         slots, cu = ints(list(range(1, tokens + 1))), ints(list(range(tokens + 1)))

@@ -79,12 +79,13 @@ def _plan(settings, server_args) -> dict[str, tuple[object, str]]:
         plan["max_mamba_cache_size"] = (CPU_MAX_MAMBA_CACHE_SIZE,
                                         "SGLang would size the hybrid models' state pool from host RAM")
         hybrid_defaults = get_adapter().CPU_HYBRID_DEFAULTS
-        if hybrid_defaults:
-            hybrid = model_is_hybrid(getattr(server_args, "model_path", ""))
+        if hybrid_defaults:  # they would change how a dense model is scheduled: read the config
+            model = getattr(server_args, "model_path", "")
+            hybrid = model_is_hybrid(model)
             if hybrid is None:
                 logger.info("server defaults for hybrid models applied: %s/config.json is not "
-                            "readable here, so it may be one", getattr(server_args, "model_path", ""))
-            if hybrid is not False:  # these would change how a dense model is scheduled
+                            "readable here, so it may be one", model)
+            if hybrid is not False:
                 plan.update(hybrid_defaults)
     elif platform == "cuda" and not real_module_available("flashinfer")[0]:
         # (Ascend/MUSA keep SGLang's own per-device defaults, e.g. the "ascend" attention backend.)
