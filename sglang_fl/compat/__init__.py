@@ -95,6 +95,12 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    it is built, so without sglang-kernel (empty mode) it hits the stand-in and the server does
    not start. How: when sgl_kernel is absent, rebind it to answer no (PDL only overlaps kernel
    launches). Seen on the H200 on 2026-12-02. Upstream: none. Remove when SGLang guards it.
+16. ``swap:fused_softcap`` (``layers/logits_processor.py``) -- models with
+   ``final_logit_softcapping`` (Gemma 2) cap their logits with a Triton kernel on every device
+   but NPU, so on CPU, where Triton has no driver, the first request kills the server ("0 active
+   drivers"). How: on the CPU platform, rebind ``fused_softcap`` to the same math in torch, in
+   place (the adapter's ``CPU_NATIVE_SWAPS``). Seen 2026-12-02 serving a tiny Gemma 2 on CPU.
+   Upstream: none. Remove when SGLang takes its torch branch off Triton devices.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -182,6 +188,10 @@ LEDGER: tuple[Patch, ...] = (
           "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
           "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "
           "GDN ops", "none", "SGLang guards its sgl_kernel imports"),
+    Patch("swap:fused_softcap", "the logits processor caps Gemma 2's final logits with a "
+          "Triton kernel on every device but NPU, CPU included", "rebind to the same math in "
+          "torch on the CPU platform (CPU_NATIVE_SWAPS)", "none",
+          "SGLang takes its torch branch where Triton cannot run"),
     Patch("swap:fused_gate_sigmoid_mul", "qwen2_moe (0.5.23) gates shared experts with a "
           "Triton kernel on CPUs without AMX too", "rebind to the unfused math on the CPU "
           "platform (CPU_NATIVE_SWAPS)", "none", "SGLang checks for a Triton device first"),

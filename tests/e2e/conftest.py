@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_support import MAX_NEW_TOKENS, PROMPT_TEXTS
+from e2e_support import PROMPT_TEXTS, hf_greedy_ids
 
 
 @pytest.fixture(scope="session")
@@ -28,24 +28,6 @@ def prompt_ids(tiny_model) -> list[list[int]]:
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     return [tok(t)["input_ids"] for t in PROMPT_TEXTS]
-
-
-def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False) -> list[list[int]]:
-    """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth.
-    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
-    model = auto.from_pretrained(model_path, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            out.append(gen[0, len(ids):].tolist())
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,24 @@ def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list
     return [item["output_ids"] for item in body]
 
 
+def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False) -> list[list[int]]:
+    """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth.
+    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
+    model = auto.from_pretrained(model_path, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
 def dispatch_lines(tmp_path: Path) -> list[str]:
     path = tmp_path / "dispatch.log"
     return sorted(path.read_text(encoding="utf-8").splitlines()) if path.exists() else []

@@ -461,3 +461,33 @@ def test_pdl_swap_answers_no_on_cuda_and_is_skipped_where_sglang_never_bound_it(
             tb.is_arch_support_pdl = saved
         elif hasattr(tb, swap.attr):
             delattr(tb, swap.attr)
+
+
+def test_softcap_swap_caps_the_logits_in_place_as_sglangs_kernel():
+    """On CPU the logits processor's Triton softcap (Gemma 2's final_logit_softcapping) has no
+    driver; the swap computes cap * tanh(logits / cap) in place, strided views included."""
+    import importlib
+
+    import torch
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    pytest.importorskip("sglang")
+    swap = next(s for s in get_adapter().CPU_NATIVE_SWAPS if s.attr == "fused_softcap")
+    lp = importlib.import_module(swap.module)
+    saved = lp.fused_softcap
+    try:
+        def triton_without_a_driver(*args, **kwargs):
+            raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+        lp.fused_softcap = triton_without_a_driver
+        swaps.apply_swaps(lp, [swap])
+        buffer = torch.randn(3, 64) * 100
+        logits = buffer[:, :40]  # non-contiguous rows, as a padded logits buffer
+        expected = 30.0 * torch.tanh(logits / 30.0)
+        out = lp.fused_softcap(logits, 30.0)
+        assert out is logits
+        torch.testing.assert_close(buffer[:, :40], expected)
+        assert buffer[:, :40].abs().max() <= 30.0 and buffer[:, 40:].abs().max() > 30.0
+    finally:
+        lp.fused_softcap = saved

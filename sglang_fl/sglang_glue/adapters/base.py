@@ -56,6 +56,13 @@ def shared_expert_gate_native(hidden_states, gate_weight, shared_output):
     return F.sigmoid(gate) * shared_output
 
 
+def softcap_native(full_logits, final_logit_softcapping):
+    """In place: ``cap * tanh(logits / cap)``, what SGLang's Triton ``fused_softcap`` computes
+    (and its NPU branch writes in torch); returns ``full_logits`` as that kernel does."""
+    cap = final_logit_softcapping
+    return full_logits.div_(cap).tanh_().mul_(cap)
+
+
 def shared_expert_gate_add_native(hidden_states, gate_weight, shared_output, final_hidden_states):
     """In place: ``final_hidden_states += shared_expert_gate_native(...)``."""
     final_hidden_states += shared_expert_gate_native(hidden_states, gate_weight, shared_output)
@@ -132,8 +139,12 @@ class SGLangAdapter:
     #: Native swaps applied when apache-tvm-ffi is absent (ledger ``swap:*``).
     NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
     #: Native swaps applied on the CPU platform: module globals SGLang binds to a Triton kernel
-    #: that it then calls on CPU too (ledger ``swap:fused_gate_sigmoid_mul*``).
-    CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = ()
+    #: that it then calls on CPU too (ledger ``swap:fused_softcap``,
+    #: ``swap:fused_gate_sigmoid_mul*``). The logits processor caps the final logits of Gemma 2
+    #: (``final_logit_softcapping``) with a Triton kernel on every device but NPU.
+    CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = (
+        NativeSwap("sglang.srt.layers.logits_processor", "fused_softcap", "", softcap_native),
+    )
 
     #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
     #: ``topk`` op does not express: a call passing any of them keeps SGLang's forward.

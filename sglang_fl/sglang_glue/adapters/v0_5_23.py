@@ -95,7 +95,7 @@ class SGLang0523(SGLangAdapter):
     )
     # Qwen2/3-MoE-style shared experts (Qwen3.5-MoE too) gate their output with a Triton kernel
     # whenever the gate is not AMX-packed, i.e. on every CPU without AMX as well.
-    CPU_NATIVE_SWAPS = (
+    CPU_NATIVE_SWAPS = SGLangAdapter.CPU_NATIVE_SWAPS + (
         NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul", "",
                    shared_expert_gate_native),
         NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul_add", "",
