@@ -2,8 +2,8 @@
 
 Built from transformers' own config classes (random weights, fp32, the tiny preset's tokenizer),
 so SGLang loads each through its model class for that architecture: the plugin's routes meet the
-layer subclasses those models build (Llama 3 and YaRN RoPE scaling, Gemma 2's norms) and the
-classes it does not route (Gemma 3's norms, the Gemmas' GeLU)."""
+layer subclasses those models build (Llama 3 and YaRN RoPE scaling, Gemma 2's norms, Qwen2-MoE's
+unnormalised top-k and shared expert) and the classes it does not route (Gemma 3's norms, the Gemmas' GeLU)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ ARCHITECTURES = {
     # YaRN context extension (SGLang's YaRNScalingRotaryEmbedding: cos/sin carry an mscale)
     "llama-yarn": ("LlamaConfig", {"rope_scaling": {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}}),
+    # Qwen2-MoE: top-k without renormalisation (norm_topk_prob false) and a sigmoid-gated shared
+    # expert (a Triton kernel in SGLang 0.5.23: ledger swap:fused_gate_sigmoid_mul on CPU)
+    "qwen2-moe": ("Qwen2MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 32, "norm_topk_prob": False,
+                                     "shared_expert_intermediate_size": 64}),
     # Gemma 2: GemmaRMSNorm (routed), GeLU MLP, attention and final-logit soft-capping (the
     # latter a Triton kernel in SGLang: ledger swap:fused_softcap on CPU). transformers 5 writes
     # no ``hidden_act``, which SGLang's Gemma2 reads; the published checkpoints carry it.

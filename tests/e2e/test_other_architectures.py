@@ -1,6 +1,7 @@
 """Architectures beyond the Qwen family served on CPU through the plugin, greedy ids equal HF
 transformers' (fp32): Llama 3 RoPE scaling and YaRN (RotaryEmbedding subclasses the plugin
-routes with their own cos/sin cache), Gemma 2 (GemmaRMSNorm routed; its final-logit soft-capping,
+routes with their own cos/sin cache), Qwen2-MoE (top-k without renormalisation, a gated shared
+expert), Gemma 2 (GemmaRMSNorm routed; its final-logit soft-capping,
 a Triton kernel in SGLang, runs through the CPU swap ``swap:fused_softcap``: without it the first
 request kills the server), and Gemma 3, whose norms, GeLU and RoPE the plugin does not route (its
 MultiPlatformOps keep SGLang's forward; nothing is logged as routed). One server start per
@@ -20,6 +21,10 @@ COMMON_DISPATCH = ["[OOT-DISPATCH] RMSNorm → reference(reference)",
 EXPECTED_DISPATCH = {
     "llama3": sorted(COMMON_DISPATCH + ["[OOT-DISPATCH] Llama3RotaryEmbedding → reference(reference)"]),
     "llama-yarn": sorted(COMMON_DISPATCH + ["[OOT-DISPATCH] YaRNScalingRotaryEmbedding → reference(reference)"]),
+    "qwen2-moe": sorted(COMMON_DISPATCH + [  # SiluAndMul: the shared expert's MLP
+        "[OOT-DISPATCH] RotaryEmbedding → reference(reference)",
+        "[OOT-DISPATCH] TopK → reference(reference)",
+        "[OOT-DISPATCH] UnquantizedFusedMoEMethod → reference(reference)"]),
     "gemma2": ["[OOT-DISPATCH] GemmaRMSNorm → reference(reference)",
                "[OOT-DISPATCH] RotaryEmbedding → reference(reference)"],
     "gemma3": [],
