@@ -101,6 +101,14 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    drivers"). How: on the CPU platform, rebind ``fused_softcap`` to the same math in torch, in
    place (the adapter's ``CPU_NATIVE_SWAPS``). Seen 2026-12-02 serving a tiny Gemma 2 on CPU.
    Upstream: none. Remove when SGLang takes its torch branch off Triton devices.
+17. ``fix:grammar_mask_device`` (``constrained/xgrammar_backend.py``) -- not empty mode but an
+   SGLang limit, fixed on every chip: the xgrammar backend applies a request's grammar mask
+   (JSON schema, regex, EBNF) only on the device types it lists (0.5.11: cuda, xpu, musa, npu;
+   0.5.23 adds cpu) and raises ``Unsupported device`` on any other inside the scheduler, so the
+   first constrained request kills a CPU server on 0.5.11 and a server on any device type SGLang
+   does not know. How: wrap ``XGrammarGrammar.apply_vocab_mask`` after import; the other device
+   types get the mask in plain torch (`fixes`). Seen 2026-12-02 on CPU with xgrammar installed.
+   Upstream: none. Remove when SGLang has a device-agnostic fallback.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -184,6 +192,11 @@ LEDGER: tuple[Patch, ...] = (
           "wrap generate_request after import: drop this request's undispatched states when it "
           "ends", "sgl-project/sglang#28694 (pre-dispatch failures); none found for n>1",
           "the supported SGLang frees both itself"),
+    Patch("fix:grammar_mask_device", "xgrammar's grammar masks are applied only on the device "
+          "types SGLang lists (not cpu on 0.5.11, never a new vendor's); any other raises in the "
+          "scheduler on the first constrained request", "wrap XGrammarGrammar.apply_vocab_mask "
+          "after import: other device types get the mask in torch", "none",
+          "SGLang has a device-agnostic fallback"),
     Patch("ops:sgl_kernel-gdn-cpu", "SGLang's CPU GDN backend looks up torch.ops.sgl_kernel "
           "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
           "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "

@@ -14,6 +14,13 @@ SGLang's SIGTERM drain (``sigterm_watchdog``) waits for ``rid_to_state`` to empt
 The wrapper drops, when the request's generator ends, the states that this request registered
 and that were never dispatched to the scheduler (their ``api_server_dispatch_time`` is unset).
 A dispatched state is left alone: the scheduler's answer (or an abort) still needs it.
+
+``grammar_mask_device`` (every SGLang version): the xgrammar backend applies a request's
+grammar mask (JSON schema, regex, EBNF) only on the device types it lists and raises
+``Unsupported device`` on any other, inside the scheduler, which kills the server on the first
+constrained request. Which types SGLang lists is the adapter's ``GRAMMAR_MASK_DEVICES`` (0.5.11
+lacks ``cpu``; a new vendor's device type is never listed). The wrapper applies the mask in
+torch on the other device types and leaves SGLang's kernels to the listed ones.
 """
 
 from __future__ import annotations
@@ -94,7 +101,55 @@ def fix_request_state_leak(module) -> None:
                  module.__name__)
 
 
+def apply_token_bitmask_torch(logits, bitmask) -> None:
+    """In place: ``-inf`` on every token whose bit is 0 in xgrammar's packed bitmask (int32
+    words, token ``t`` is bit ``t % 32`` of word ``t // 32``, one row per row of ``logits``).
+    As xgrammar's kernels, only the tokens both cover are touched (a padded LM head's extra
+    logits are left alone). Any device: plain tensor ops."""
+    import torch
+
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    tokens = torch.arange(vocab, device=bitmask.device)
+    words = bitmask[..., tokens // 32].to(torch.int64)  # int64: bit 31 is a sign bit in int32
+    allowed = ((words >> (tokens % 32)) & 1).bool().to(logits.device)
+    logits[..., :vocab].masked_fill_(~allowed, float("-inf"))
+
+
+def xgrammar_backend_module() -> str:
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return get_adapter().MODULES["xgrammar_backend"]
+
+
+def fix_grammar_mask_device(module) -> None:
+    """``after`` hook of SGLang's xgrammar backend module (idempotent)."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    grammar = getattr(module, "XGrammarGrammar", None)
+    original = getattr(grammar, "apply_vocab_mask", None)
+    if original is None:
+        raise RuntimeError(
+            f"sglang-fl fix grammar_mask_device: {module.__name__}.XGrammarGrammar.apply_vocab_mask "
+            f"no longer exists in this SGLang version; update sglang_fl/compat/fixes.py")
+    if getattr(original, FIXED_MARK, False):
+        return
+    handled = frozenset(get_adapter().GRAMMAR_MASK_DEVICES)
+
+    @functools.wraps(original)
+    def apply_vocab_mask(self, logits, vocab_mask):
+        if logits.device.type in handled:
+            return original(self, logits, vocab_mask)
+        return apply_token_bitmask_torch(logits, vocab_mask)
+
+    setattr(apply_vocab_mask, FIXED_MARK, True)
+    grammar.apply_vocab_mask = apply_vocab_mask
+    applied.append("grammar_mask_device")
+    logger.debug("fix: %s.XGrammarGrammar.apply_vocab_mask applies masks in torch outside %s",
+                 module.__name__, sorted(handled))
+
+
 def install() -> None:
     from sglang_fl.compat.module_hooks import add_hook
 
     add_hook(tokenizer_manager_module(), after=fix_request_state_leak)
+    add_hook(xgrammar_backend_module(), after=fix_grammar_mask_device)

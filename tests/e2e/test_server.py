@@ -1,8 +1,11 @@
-"""One plugin-on server (reference backend, CPU): endpoints, exact greedy ids, dispatch log,
-no stand-in ever called, concurrency, malformed input."""
+"""One plugin-on server (reference backend, CPU): endpoints, exact greedy ids, structured
+(regex / JSON-schema) output, dispatch log, no stand-in ever called, concurrency, malformed
+input."""
 
 from __future__ import annotations
 
+import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -86,6 +89,32 @@ def test_malformed_request_gets_4xx_and_server_keeps_serving(server, body):
     assert 400 <= status < 500, (status, answer)
     assert server.healthy()
     assert _chat(server, "still there?", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_regex_constrained_generate_matches_the_pattern(server):
+    """Structured output on CPU: SGLang's xgrammar backend masks the logits there through the
+    compat fix grammar_mask_device (SGLang 0.5.11 raises "Unsupported device: cpu" in the
+    scheduler, killing the server); greedy, so the same text every run."""
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    answer = server.post_json("/generate", {"text": "Code:", "sampling_params": {
+        "temperature": 0, "max_new_tokens": 16, "regex": pattern}})
+    assert re.fullmatch(pattern, answer["text"]), answer["text"]
+    assert answer["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_json_schema_chat_returns_an_object_of_the_schema(server):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                               "size": {"enum": ["s", "m", "l"]}},
+              "required": ["ok", "size"], "additionalProperties": False}
+    reply = server.post_json("/v1/chat/completions", {
+        "model": "default", "messages": [{"role": "user", "content": "status?"}],
+        "max_tokens": 64, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "status", "schema": schema}}})
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    value = json.loads(choice["message"]["content"])
+    assert set(value) == {"ok", "size"}
+    assert isinstance(value["ok"], bool) and value["size"] in ("s", "m", "l")
 
 
 def test_dispatch_log_has_exactly_the_expected_lines(server, run_dir):

@@ -491,3 +491,56 @@ def test_softcap_swap_caps_the_logits_in_place_as_sglangs_kernel():
         assert buffer[:, :40].abs().max() <= 30.0 and buffer[:, 40:].abs().max() > 30.0
     finally:
         lp.fused_softcap = saved
+
+
+def test_grammar_mask_in_torch_equals_a_per_token_reading_of_the_bitmask():
+    """xgrammar's layout: token t allowed iff bit t % 32 of int32 word t // 32 is set (bit 31
+    included); logits past the bitmask's tokens (a padded LM head) are left alone."""
+    import torch
+
+    from sglang_fl.compat.fixes import apply_token_bitmask_torch
+
+    gen = torch.Generator().manual_seed(0)
+    for vocab, rows in [(33, 1), (1000, 3), (1024, 2)]:
+        words = (vocab + 31) // 32
+        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), dtype=torch.int32, generator=gen)
+        logits = torch.randn(rows, words * 32 + 5, generator=gen)  # 5 past the bitmask
+        expected = logits.clone()
+        for r in range(rows):
+            for t in range(words * 32):
+                if not (int(bitmask[r, t // 32]) >> (t % 32)) & 1:
+                    expected[r, t] = float("-inf")
+        apply_token_bitmask_torch(logits, bitmask)
+        assert torch.equal(logits, expected)
+
+
+def test_grammar_mask_fix_keeps_sglangs_devices_and_masks_the_others_in_torch():
+    import types
+
+    import torch
+
+    from sglang_fl.compat import fixes
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    calls = []
+
+    class XGrammarGrammar:
+        def apply_vocab_mask(self, logits, vocab_mask):
+            calls.append(logits.device.type)
+
+    module = types.ModuleType("fake_xgrammar_backend")
+    module.XGrammarGrammar = XGrammarGrammar
+    fixes.fix_grammar_mask_device(module)
+    wrapped = module.XGrammarGrammar.apply_vocab_mask
+    fixes.fix_grammar_mask_device(module)  # idempotent
+    assert module.XGrammarGrammar.apply_vocab_mask is wrapped
+    logits = torch.zeros(1, 40)
+    module.XGrammarGrammar().apply_vocab_mask(logits, torch.tensor([[1, 0]], dtype=torch.int32))
+    if "cpu" in get_adapter().GRAMMAR_MASK_DEVICES:
+        assert calls == ["cpu"] and (logits == 0).all()  # SGLang's own (the fake's body)
+    else:
+        assert calls == [] and logits[0, 0] == 0 and torch.isinf(logits[0, 1:32]).all()
+        assert (logits[0, 32:] == float("-inf")).all()
+
+    with pytest.raises(RuntimeError, match=r"XGrammarGrammar\.apply_vocab_mask.*compat/fixes\.py"):
+        fixes.fix_grammar_mask_device(types.ModuleType("empty"))

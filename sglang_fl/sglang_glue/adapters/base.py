@@ -109,7 +109,11 @@ class SGLangAdapter:
         "platform_enum": "sglang.srt.platforms.device_mixin",
         "tokenizer_manager": "sglang.srt.managers.tokenizer_manager",
         "req_time_stats": "sglang.srt.observability.req_time_stats",
+        "xgrammar_backend": "sglang.srt.constrained.xgrammar_backend",
     }
+    #: Device types whose grammar masks SGLang's xgrammar backend applies itself (any other
+    #: raises "Unsupported device"; compat fix ``grammar_mask_device`` covers them).
+    GRAMMAR_MASK_DEVICES: frozenset[str] = frozenset({"cuda", "xpu", "musa", "npu"})
     #: ``python -m <this>`` starts SGLang's HTTP server.
     LAUNCH_SERVER_MODULE = "sglang.launch_server"
 

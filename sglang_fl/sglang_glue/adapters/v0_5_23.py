@@ -101,6 +101,8 @@ class SGLang0523(SGLangAdapter):
         NativeSwap("sglang.srt.models.qwen2_moe", "fused_gate_sigmoid_mul_add", "",
                    shared_expert_gate_add_native),
     )
+    # The xgrammar backend applies grammar masks on CPU too (xgrammar's own CPU kernel).
+    GRAMMAR_MASK_DEVICES = SGLangAdapter.GRAMMAR_MASK_DEVICES | {"cpu"}
     SERVER_ARGS_POST_INIT = None
     # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
     # refuses it on CPU (no state snapshots there): a hybrid model would not start.
