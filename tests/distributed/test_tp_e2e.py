@@ -10,7 +10,7 @@ session fixtures of conftest.py.
 from __future__ import annotations
 
 import pytest
-from l3_helpers import MAX_NEW, PROMPTS, serve_greedy
+from l3_helpers import MAX_NEW, PROMPTS, hf_greedy, serve_greedy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 
@@ -31,3 +31,23 @@ def test_tp2_serves_the_same_greedy_ids_as_tp1(tiny_model, prompt_ids, single_pr
         for method in ("all_reduce", "all_gather"):
             line = f"rank {rank}: first {method} through CommunicatorFL(torch)"
             assert any(line in x and "tp:" in x for x in log2.splitlines()), line
+
+
+def test_tp2_moe_serves_hf_greedy_ids_with_the_experts_sharded(tmp_path):
+    """The Qwen3-MoE preset (128 experts, top-8) at TP=2: each rank's routed ``fused_moe`` call
+    computes its half of every expert's intermediate size, the row-parallel sum goes through
+    CommunicatorFL, and the greedy ids still equal HF transformers'."""
+    from transformers import AutoTokenizer
+
+    from sglang_fl.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny-qwen3-moe", preset="qwen3-moe")
+    tok = AutoTokenizer.from_pretrained(model)
+    prompt_ids = [tok(t)["input_ids"] for t in PROMPTS]
+    tp2, log = serve_greedy(model, prompt_ids, tmp_path / "server-moe-tp2.log", tp=2)
+    assert tp2 == hf_greedy(model, prompt_ids)
+    routed = [x for x in log.splitlines() if "[OOT-DISPATCH] UnquantizedFusedMoEMethod → reference" in x]
+    assert len(routed) == 2, "each rank routes its experts through the plugin"
+    for rank in (0, 1):
+        line = f"rank {rank}: first all_reduce through CommunicatorFL(torch)"
+        assert any(line in x and "tp:" in x for x in log.splitlines()), line
