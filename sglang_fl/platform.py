@@ -152,7 +152,10 @@ class PlatformFL(_ADAPTER.srt_platform_class()):
         origins = {name: f"sglang-fl's server default: {why}" for name, (_, why) in changed.items()}
         check_attention_backends(server_args, origins)
         if self.device_type == "cpu":
+            from sglang_fl.sglang_glue.cpu_limits import check_cpu_options
+
             check_cpu_speculation(server_args, origins)
+            check_cpu_options(server_args, origins)
 
     def get_default_attention_backend(self) -> str:
         if self.settings.attention_backend is not None:

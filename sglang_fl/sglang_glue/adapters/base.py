@@ -228,6 +228,12 @@ class SGLangAdapter:
     #: Attention backends for which this version builds EAGLE/NEXTN (MTP) draft backends on CPU
     #: (its ``DraftBackendFactory`` table); none in 0.5.11, whose table is GPU/NPU kernels only.
     CPU_SPECULATIVE_ATTENTION_BACKENDS: tuple[str, ...] = ()
+    #: Attention backends that can build the CPU graph state ``--enable-torch-compile`` asks
+    #: for on CPU (``init_cpu_graph_state``; torch_native has none in either version).
+    CPU_GRAPH_ATTENTION_BACKENDS: tuple[str, ...] = ("intel_amx",)
+    #: Whether the paged KV allocator (``--page-size`` > 1) runs on CPU: 0.5.11's launches a
+    #: Triton kernel for every prefill, which has no CPU driver; 0.5.23 has a native path.
+    CPU_PAGED_KV: bool = False
 
     def remember_user_choices(self, server_args) -> None:
         """At ``ServerArgs`` construction: which options differ from their dataclass default."""

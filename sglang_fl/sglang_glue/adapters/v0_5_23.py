@@ -115,6 +115,7 @@ class SGLang0523(SGLangAdapter):
     }
     # intel_amx needs sgl_kernel's CPU build (the plugin's CPU default is torch_native).
     CPU_SPECULATIVE_ATTENTION_BACKENDS = ("intel_amx",)
+    CPU_PAGED_KV = True
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
     # Split per phase; the old name is now an ambiguous argparse prefix.
