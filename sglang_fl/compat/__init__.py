@@ -20,8 +20,10 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    module level, and transformers 5 requires torchvision for ``AutoImageProcessor`` (which
    SGLang's configs register at import); PyPI torchvision is a CUDA build that fails beside a
    CPU-only torch. How: a stand-in package when torchvision is absent or fails to import
-   (shadowing the broken one). Image/video inputs then fail with the stand-in error; text
-   serving never calls it. Upstream: none. Remove when SGLang and transformers import it lazily.
+   (shadowing the broken one); where transformers was imported first, its cached "no
+   torchvision" answer and torchvision-only placeholders are forgotten. Image/video inputs then
+   fail with the stand-in error; text serving never calls it. Upstream: none. Remove when
+   SGLang and transformers import it lazily.
 5. ``env`` -- ``SGLANG_IS_FLASHINFER_AVAILABLE=false`` (flashinfer absent),
    ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1`` (sgl_kernel absent: engine.py reads its version),
    ``SGLANG_USE_CPU_ENGINE=1`` (CPU platform: SGLang's ``is_cpu()`` requires it, else CPU runs
@@ -343,6 +345,35 @@ def _keep_off_flashinfer(module) -> None:
         module._has_flashinfer = False
 
 
+def _forget_transformers_torchvision_answer() -> None:
+    """A program that imported transformers before SGLang (``from transformers import
+    AutoProcessor`` first) keeps transformers' view from before the torchvision stand-in: the
+    cached "is torchvision available" answer (``lru_cache``), and in each of its lazy modules
+    the objects marked as missing that backend, served as placeholders whose attributes are
+    None (SGLang's configs then fail at ``AutoImageProcessor.register``). Forget both, so the
+    next lookup resolves the real objects. Only the torchvision-only marks are dropped."""
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    if import_utils is None:
+        return  # transformers comes after the stand-in: it sees it from the start
+    for name in ("is_torchvision_available", "is_torchvision_v2_available"):
+        cache_clear = getattr(getattr(import_utils, name, None), "cache_clear", None)
+        if cache_clear is not None:
+            cache_clear()
+    lazy_type = getattr(import_utils, "_LazyModule", None)
+    dummy_type = getattr(import_utils, "DummyObject", None)
+    if lazy_type is None:
+        return
+    for module in list(sys.modules.values()):
+        missing = getattr(module, "_object_missing_backend", None) if isinstance(module, lazy_type) else None
+        if not isinstance(missing, dict):
+            continue
+        for name, backends in list(missing.items()):
+            if {str(b) for b in backends} == {"torchvision"}:
+                del missing[name]
+                if dummy_type is not None and isinstance(module.__dict__.get(name), dummy_type):
+                    delattr(module, name)
+
+
 def activate() -> None:
     """Install the SGLang fixes, then enter empty mode for the packages that are missing;
     idempotent; see the ledger above."""
@@ -382,6 +413,8 @@ def activate() -> None:
     else:
         sys.meta_path.append(finder)  # real finders first: a package installed later still wins
     state.standins = tuple(missing)
+    if "torchvision" in missing:
+        _forget_transformers_torchvision_answer()
 
     if "flashinfer" in missing:
         _set_default("SGLANG_IS_FLASHINFER_AVAILABLE", "false")

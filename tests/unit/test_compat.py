@@ -245,6 +245,25 @@ def test_pth_hook_activates_in_a_fresh_interpreter_and_keeps_user_values():
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("first", ["from transformers import AutoTokenizer",
+                                   "from transformers import AutoProcessor"])
+def test_a_program_that_imports_transformers_before_sglang_still_loads_its_configs(first):
+    """transformers, imported before the torchvision stand-in, cached "no torchvision" and
+    marked its image processors as missing it; SGLang's configs then failed at import
+    (ImportError, or a placeholder's None ``register``). The stand-in makes it forget both."""
+    pytest.importorskip("sglang")
+    import os
+    import subprocess
+
+    code = (f"{first}\nimport sglang.srt.server_args\nfrom transformers import AutoImageProcessor\n"
+            "assert callable(AutoImageProcessor.register)\nprint('LOADED')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "USE_FLAGGEMS"))}
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(env, SGLANG_FL_PLATFORM="cpu"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "LOADED" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.integration
 def test_sglang_plugins_none_leaves_python_untouched():
     pytest.importorskip("sglang")
     import os
