@@ -41,8 +41,10 @@ _calls: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
-class StandinCalledError(RuntimeError):
-    """A stand-in for an absent CUDA-only package was called: the run needs the real package."""
+class StandinCalledError(RuntimeError, ValueError):
+    """A stand-in for an absent CUDA-only package was called: the run needs the real package.
+    Also a ValueError: SGLang's HTTP handlers answer a request whose input needs it (an image
+    without torchvision) with a 400 carrying this message instead of a bare 500."""
 
 
 def route_hint(qualname: str) -> str:
