@@ -75,7 +75,8 @@ DEVICE_ARGS = {
 
 # What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
 # GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
-# ids equal HF and the [OOT-DISPATCH] lines (dense, MoE, the Qwen3.5 hybrids, Llama 3 / YaRN / Gemma 3); the rest of tests/e2e (server
+# ids equal HF and the [OOT-DISPATCH] lines (dense, MoE, the Qwen3.5 hybrids incl. chunked prefill,
+# other architectures, image input without torchvision); the rest of tests/e2e (server
 # variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",

@@ -145,16 +145,14 @@ class PlatformFL(_ADAPTER.srt_platform_class()):
 
     # -- server defaults ------------------------------------------------------------------
     def apply_server_args_defaults(self, server_args) -> None:
-        from sglang_fl.sglang_glue.attention import check_attention_backends, check_cpu_speculation
+        from sglang_fl.sglang_glue.attention import check_attention_backends
+        from sglang_fl.sglang_glue.cpu_limits import check_cpu_options
         from sglang_fl.sglang_glue.server_defaults import apply_defaults
 
         changed = apply_defaults(self.settings, server_args)
         origins = {name: f"sglang-fl's server default: {why}" for name, (_, why) in changed.items()}
         check_attention_backends(server_args, origins)
         if self.device_type == "cpu":
-            from sglang_fl.sglang_glue.cpu_limits import check_cpu_options
-
-            check_cpu_speculation(server_args, origins)
             check_cpu_options(server_args, origins)
 
     def get_default_attention_backend(self) -> str:

@@ -96,28 +96,3 @@ def check_attention_backends(server_args, origins: dict[str, str] | None = None)
             + (f"; of these, registered by vendor folders: {', '.join(vendors)}" if vendors else
                "; no vendor folder registered one"))
 
-
-class SpeculationUnsupportedError(ValueError):
-    """Speculative decoding asked for where this SGLang version cannot run its draft model."""
-
-
-def check_cpu_speculation(server_args, origins: dict[str, str] | None = None) -> None:
-    """Refuse ``--speculative-algorithm`` on CPU with an attention backend SGLang builds no
-    draft backend for. SGLang itself fails only in the scheduler process, after loading both
-    models, and on 0.5.11 first at an unrelated hard-coded CUDA call (the Mamba pool's
-    speculative state caches), so the user never learns the real limit."""
-    algorithm = getattr(server_args, "speculative_algorithm", None)
-    if algorithm is None:
-        return
-    adapter = get_adapter()
-    accepted = adapter.CPU_SPECULATIVE_ATTENTION_BACKENDS
-    name = getattr(server_args, "attention_backend", None)
-    if name in accepted:
-        return
-    where = (origins or {}).get("attention_backend", "the server arguments")
-    raise SpeculationUnsupportedError(
-        f"--speculative-algorithm {algorithm} on CPU: SGLang {adapter.version} builds no "
-        f"EAGLE/NEXTN draft attention backend for --attention-backend {name!r} (from {where}); "
-        + (f"on CPU it has one for: {', '.join(accepted)}" if accepted else
-           "on CPU it has none (its draft backends are GPU/NPU kernels)")
-        + "; serve without speculative decoding on CPU (see docs/speculative-decoding.md)")
