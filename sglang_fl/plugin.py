@@ -74,6 +74,10 @@ def install() -> None:
             logger.error("%s", exc)
             raise ConfigurationExit(f"sglang-fl: {exc}") from exc
         register_layer_hook(router)
+        if settings.platform != "cpu":  # on CPU the sgl_kernel stand-ins route them (gdn.py)
+            from sglang_fl.sglang_glue.gdn import install_kernel_routes
+
+            install_kernel_routes(adapter)
     else:
         logger.info("Layer 2 (fused ops) disabled: SGLANG_FL_OOT_ENABLED=0")
 

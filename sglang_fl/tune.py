@@ -251,6 +251,11 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
     if op == "rms_norm_gated":
         layer = _layer(weight=randn(dv, scale=0.1) + 1.0)
         return Case([(layer, (randn(tokens * hv, dv), randn(tokens * hv, dv), s.rms_eps, None, True))])
+    if op == "packed_recurrent_gated_delta_rule":  # rows q | k | v, one token per sequence
+        pool = randn(tokens + 1, hv, dv, dk, scale=0.1, dt=f32)
+        mixed = randn(tokens, 2 * h * dk + hv * dv)
+        return Case([(_layer(), (mixed, a, b, a_log, dt_bias, pool,
+                                 ints(list(range(1, tokens + 1)))))], inplace=(5,))
     q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
     if op == "chunk_gated_delta_rule":  # g and beta as gdn_gating hands them on
         from sglang_fl.dispatch.backends.reference_gdn import gdn_gating

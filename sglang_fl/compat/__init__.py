@@ -112,6 +112,18 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    types get the mask in plain torch (`fixes`). Seen 2026-12-02 on CPU with xgrammar installed.
    Upstream: none. Remove when SGLang has a device-agnostic fallback.
 
+18. ``route:gdn-kernels`` (``layers/attention/linear``) -- on accelerators, SGLang's Gated
+   DeltaNet backend calls its own Triton kernels directly: ``TritonGDNKernel.extend`` /
+   ``decode`` / ``packed_decode`` and the ``gdn_backend`` globals ``fused_gdn_gating``,
+   ``causal_conv1d_fn``, ``causal_conv1d_update``; no plugin API reaches them, so a vendor folder
+   or FlagGems could not supply them there (seen on the H200, 2026-12-02: "GDN kernel
+   dispatcher: decode=TritonGDNKernel"). How: after each module runs, those methods and globals
+   are replaced by calls of the GDN ops (``sglang_glue/gdn.py`` `install_kernel_routes`; where
+   they live is the adapter's ``GDN_KERNEL_CLASS`` / ``GDN_BACKEND_MODULE``); calls the standard
+   ops do not express go to SGLang's original, logged once. Upstream: none (SGLang's
+   ``LinearAttnKernelBase`` registry could take an out-of-tree kernel class). Remove when SGLang
+   lets a platform plugin supply the GDN kernel backend.
+
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
 before ``activate`` looks for missing packages, so they apply to full installs too.
@@ -194,6 +206,11 @@ LEDGER: tuple[Patch, ...] = (
           "wrap generate_request after import: drop this request's undispatched states when it "
           "ends", "sgl-project/sglang#28694 (pre-dispatch failures); none found for n>1",
           "the supported SGLang frees both itself"),
+    Patch("route:gdn-kernels", "SGLang's GDN backend calls its Triton kernels directly on "
+          "accelerators (TritonGDNKernel, gdn_backend globals): no plugin API reaches them",
+          "replace those methods/globals after import with calls of the GDN ops "
+          "(sglang_glue/gdn.py install_kernel_routes)", "none",
+          "SGLang lets a platform plugin supply its GDN kernel backend"),
     Patch("fix:grammar_mask_device", "xgrammar's grammar masks are applied only on the device "
           "types SGLang lists (not cpu on 0.5.11, never a new vendor's); any other raises in the "
           "scheduler on the first constrained request", "wrap XGrammarGrammar.apply_vocab_mask "

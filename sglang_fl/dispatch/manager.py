@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 
 from sglang_fl.dispatch.discovery import discover_backends
+from sglang_fl.dispatch.limits import InputsDeclined
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendStatus, NoImplementationError, OpImpl
@@ -35,6 +36,8 @@ class ResolvedOp:
     #: The token bucket whose own order (``op@bucket``) this resolution follows; None: the
     #: op's order for every bucket without one.
     bucket: str | None = None
+    #: (impl id, reason) -> the impl id the call went to, for each decline logged so far.
+    declines: dict[tuple[str, str], str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -66,7 +69,11 @@ class ResolvedOp:
 
     def retry(self, impl: OpImpl, exc: Exception, args: tuple, kwargs: dict, on_switch=None):
         """``impl`` raised ``exc`` on ``fn(*args, **kwargs)``: try the next candidates until one
-        succeeds; returns ``(impl, result)``. ``on_switch(impl)`` runs at every switch."""
+        succeeds; returns ``(impl, result)``. ``on_switch(impl)`` runs at every switch. An impl
+        that declined the inputs (`InputsDeclined`) is not dropped: `declined` hands this call
+        on and ``impl`` stays the choice."""
+        if isinstance(exc, InputsDeclined):
+            return impl, self.declined(impl, exc, args, kwargs)
         while True:
             impl = self.fallback(impl, exc)
             if on_switch is not None:
@@ -75,6 +82,37 @@ class ResolvedOp:
                 return impl, impl.fn(*args, **kwargs)
             except Exception as next_exc:  # noqa: BLE001 - fallback is the point
                 exc = next_exc
+
+
+    def declined(self, impl: OpImpl, exc: InputsDeclined, args: tuple, kwargs: dict):
+        """The result of the first candidate after ``impl`` that accepts this call's inputs;
+        each (impl, reason) is logged once. Strict mode or nothing accepting: an error naming
+        every impl's reason."""
+        reasons = [(impl, exc)]
+        if not self.strict:
+            after = self.candidates[self.candidates.index(impl) + 1:] if impl in self.candidates else []
+            for nxt in after:
+                self._log_decline(reasons[-1][0], reasons[-1][1], nxt)
+                try:
+                    return nxt.fn(*args, **kwargs)
+                except InputsDeclined as again:
+                    reasons.append((nxt, again))
+        self._log_decline(reasons[-1][0], reasons[-1][1], None)
+        strict = " (SGLANG_FL_STRICT=1: no other kind is tried)" if self.strict else ""
+        raise NoImplementationError(
+            f"No implementation of op {self.op_name!r} accepts these inputs{strict}: "
+            + "; ".join(f"{i.impl_id}: {e}" for i, e in reasons)) from exc
+
+    def _log_decline(self, impl: OpImpl, exc: InputsDeclined, nxt: OpImpl | None) -> None:
+        key = (impl.impl_id, str(exc))
+        if key in self.declines:
+            return
+        with self._lock:
+            if key in self.declines:
+                return
+            self.declines[key] = nxt.impl_id if nxt else None
+        logger.warning("op %r: impl %r declined the inputs: %s; this call goes to %s (logged "
+                       "once)", self.op_name, impl.impl_id, exc, nxt.impl_id if nxt else "nothing")
 
 
 class OpManager:

@@ -50,6 +50,9 @@ class OpImpl:
     fn: Callable[..., Any]
     vendor: str | None = None
     priority: int | None = None
+    #: The inputs ``fn`` takes (``dispatch.limits.accepts`` on its method; None: any the op
+    #: allows). Set at registration; ``fn`` is then guarded by it.
+    limits: Any = None
 
     def __post_init__(self) -> None:
         kind = BackendImplKind(self.kind)

@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 
 from sglang_fl.dispatch.backends import Backend
+from sglang_fl.dispatch.limits import limits_of
 from sglang_fl.dispatch.ops import OP_NAMES, OPS_BY_NAME, OpSpec, closest, did_you_mean
 from sglang_fl.dispatch.types import OpImpl
 
@@ -55,8 +56,20 @@ def verify_impl(impl: OpImpl) -> OpImpl:
     if why:
         raise InvalidImplError(_message(impl.impl_id, _qualname(impl.fn), sig, spec, why))
     if short:
-        return dataclasses.replace(impl, fn=spec.adapt_short(impl.fn))
-    return impl
+        impl = dataclasses.replace(impl, fn=spec.adapt_short(impl.fn))
+    return _with_limits(impl, spec)
+
+
+def _with_limits(impl: OpImpl, spec) -> OpImpl:
+    """``impl`` with its ``fn`` guarded by the limits declared on it (`limits.accepts`)."""
+    limits = limits_of(_unwrap(impl.fn)) or limits_of(impl.fn)
+    if limits is None or getattr(impl.fn, "__sglang_fl_guarded__", False):
+        return impl
+    try:
+        fn = limits.guard(impl.fn, spec)
+    except ValueError as exc:
+        raise InvalidImplError(f"{impl.impl_id}: {exc}") from None
+    return dataclasses.replace(impl, fn=fn, limits=limits)
 
 
 _verified_classes: set[type] = set()

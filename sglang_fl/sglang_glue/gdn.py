@@ -1,4 +1,19 @@
-"""SGLang's CPU Gated DeltaNet kernel entry points, served by sglang-fl's GDN ops.
+"""SGLang's Gated DeltaNet kernel entry points, served by sglang-fl's GDN ops.
+
+Two ways in, one per kind of platform, both ending in the op's resolved implementation:
+
+- accelerators (`install_kernel_routes`, ledger ``route:gdn-kernels``): SGLang's GDN attention
+  backend calls its ``TritonGDNKernel`` (``extend``, ``decode``, ``packed_decode``) and the
+  module globals ``fused_gdn_gating`` / ``causal_conv1d_fn`` / ``causal_conv1d_update`` of
+  ``gdn_backend``, bound at import to its own kernels. Those methods and globals are replaced,
+  after their modules run, by the functions below, which call the ops
+  ``chunk_gated_delta_rule``, ``recurrent_gated_delta_rule``,
+  ``packed_recurrent_gated_delta_rule``, ``gdn_gating``, ``causal_conv1d`` and
+  ``causal_conv1d_update``; so a vendor folder or FlagGems supplies them there too. A call the
+  standard op cannot express (speculative verification windows, ReplaySSM rings, paged conv
+  states, the extra-buffer radix cache's per-chunk states) goes to SGLang's own function, logged
+  once as ``left to SGLang``.
+- CPU (below):
 
 On CPU, SGLang's GDN attention backend (Qwen3-Next, Qwen3.5/3.6) calls sgl_kernel's CPU build:
 ``sgl_kernel.mamba.causal_conv1d_fn_cpu`` / ``causal_conv1d_update_cpu`` /
@@ -29,6 +44,7 @@ TORCH_OP_SCHEMAS = {
 
 @functools.cache
 def _slot(op_name: str, entry: str):
+    """The entry's `ImplSlot`, made on its first call (after start-up resolved the op)."""
     from sglang_fl.config import get_settings
     from sglang_fl.dispatch import get_manager
     from sglang_fl.sglang_glue.bridges import ImplSlot
@@ -123,3 +139,155 @@ TORCH_OPS = {
     "fused_gdn_gating_cpu": fused_gdn_gating_cpu,
     "fused_sigmoid_gating_delta_rule_update_cpu": fused_sigmoid_gating_delta_rule_update_cpu,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Accelerators: SGLang's TritonGDNKernel and gdn_backend globals (ledger route:gdn-kernels)
+# ---------------------------------------------------------------------------------------------
+
+
+def _given(kwargs: dict) -> list[str]:
+    """Keyword arguments that ask for more than the standard op does (None/False: not asked)."""
+    return sorted(k for k, v in kwargs.items() if v is not None and v is not False)
+
+
+def _left_to_sglang(entry: str, why: str) -> None:
+    from sglang_fl.config import get_settings
+    from sglang_fl.sglang_glue.dispatch_log import log_left_to_sglang
+
+    log_left_to_sglang(entry, why, get_settings().dispatch_log)
+
+
+@functools.cache
+def _chunk_states_needed() -> bool:
+    """Whether this server's mamba radix cache keeps per-chunk states (extra buffer), which
+    SGLang's chunk kernel returns and the standard op does not."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return get_adapter().mamba_extra_buffer()
+
+
+def _routed_extend(original):
+    def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
+        if kwargs.get("inplace_update", True) is False or _chunk_states_needed():
+            _left_to_sglang("TritonGDNKernel.extend", "multi-item scoring (inplace_update=False)"
+                            if kwargs.get("inplace_update", True) is False else
+                            "the extra-buffer mamba radix cache reads the kernel's per-chunk states")
+            return original(self, q, k, v, g, beta, ssm_states=ssm_states,
+                            cache_indices=cache_indices, query_start_loc=query_start_loc, **kwargs)
+        out, final = _call("chunk_gated_delta_rule", "TritonGDNKernel.extend", q, k, v, g, beta,
+                           ssm_states[cache_indices], query_start_loc, None, True)
+        ssm_states[cache_indices] = final.to(ssm_states.dtype)
+        return out, None, None
+
+    return extend
+
+
+def _routed_decode(original):
+    def decode(self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices,  # noqa: N803
+               query_start_loc, **kwargs):
+        extra = _given(kwargs)
+        if extra:
+            _left_to_sglang("TritonGDNKernel.decode", ", ".join(extra))
+            return original(self, q, k, v, a, b, A_log=A_log, dt_bias=dt_bias,
+                            ssm_states=ssm_states, cache_indices=cache_indices,
+                            query_start_loc=query_start_loc, **kwargs)
+        return _call("recurrent_gated_delta_rule", "TritonGDNKernel.decode", q, k, v, a, b, A_log,
+                     dt_bias, ssm_states, cache_indices, query_start_loc)
+
+    return decode
+
+
+def _routed_packed_decode(original):
+    def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states,  # noqa: N803
+                      cache_indices, num_v_heads, head_v_dim, **kwargs):
+        extra = _given(kwargs)
+        if extra:
+            _left_to_sglang("TritonGDNKernel.packed_decode", ", ".join(extra))
+            return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                            ssm_states=ssm_states, cache_indices=cache_indices,
+                            num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
+        return _call("packed_recurrent_gated_delta_rule", "TritonGDNKernel.packed_decode",
+                     mixed_qkv, a, b, A_log, dt_bias, ssm_states, cache_indices, scale)
+
+    return packed_decode
+
+
+def _routed_gating(original):
+    def fused_gdn_gating(A_log, a, b, dt_bias, *args, **kwargs):  # noqa: N803 - SGLang's names
+        if args or _given(kwargs):
+            _left_to_sglang("gdn_backend.fused_gdn_gating", "softplus parameters")
+            return original(A_log, a, b, dt_bias, *args, **kwargs)
+        return _call("gdn_gating", "gdn_backend.fused_gdn_gating", A_log, a, b, dt_bias)
+
+    return fused_gdn_gating
+
+
+def _routed_conv(original):
+    def causal_conv1d_fn(x, weight, bias=None, conv_states=None, query_start_loc=None,
+                         seq_lens_cpu=None, cache_indices=None, has_initial_state=None,
+                         activation="silu", **kwargs):
+        extra = _given(kwargs)
+        if extra or conv_states is None or query_start_loc is None:
+            _left_to_sglang("gdn_backend.causal_conv1d_fn",
+                            ", ".join(extra) or "no per-slot conv states")
+            return original(x, weight, bias, conv_states=conv_states,
+                            query_start_loc=query_start_loc, seq_lens_cpu=seq_lens_cpu,
+                            cache_indices=cache_indices, has_initial_state=has_initial_state,
+                            activation=activation, **kwargs)
+        return _call("causal_conv1d", "gdn_backend.causal_conv1d_fn", x, weight, bias, conv_states,
+                     query_start_loc, cache_indices, has_initial_state, activation)
+
+    return causal_conv1d_fn
+
+
+def _routed_conv_update(original):
+    def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, *args, **kwargs):
+        indices = kwargs.pop("conv_state_indices", None)
+        extra = _given(kwargs)
+        if args or extra:
+            _left_to_sglang("gdn_backend.causal_conv1d_update",
+                            ", ".join(extra) or "positional extras")
+            return original(x, conv_state, weight, bias, activation, *args,
+                            conv_state_indices=indices, **kwargs)
+        return _call("causal_conv1d_update", "gdn_backend.causal_conv1d_update", x, conv_state,
+                     weight, bias, activation, indices)
+
+    return causal_conv1d_update
+
+
+#: What `install_kernel_routes` replaces: (attribute of the kernel class, or global of the
+#: backend module) -> the function making its replacement from SGLang's original.
+KERNEL_METHODS = {"extend": _routed_extend, "decode": _routed_decode,
+                  "packed_decode": _routed_packed_decode}
+BACKEND_GLOBALS = {"fused_gdn_gating": _routed_gating, "causal_conv1d_fn": _routed_conv,
+                   "causal_conv1d_update": _routed_conv_update}
+
+
+def _replace(owner, name: str, make) -> None:
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, "__sglang_fl_routed__", False):
+        return
+    routed = functools.wraps(original)(make(original))
+    routed.__sglang_fl_routed__ = True
+    setattr(owner, name, routed)
+
+
+def install_kernel_routes(adapter) -> None:
+    """Route SGLang's GDN kernel calls through the GDN ops once their modules have run (the
+    adapter names the class and module; both are imported only when a hybrid model is built)."""
+    from sglang_fl.compat.module_hooks import add_hook
+
+    module_name, class_name = adapter.GDN_KERNEL_CLASS.split(":")
+
+    def route_class(module):
+        cls = getattr(module, class_name)
+        for name, make in KERNEL_METHODS.items():
+            _replace(cls, name, make)
+
+    def route_globals(module):
+        for name, make in BACKEND_GLOBALS.items():
+            _replace(module, name, make)
+
+    add_hook(module_name, after=route_class)
+    add_hook(adapter.GDN_BACKEND_MODULE, after=route_globals)

@@ -7,8 +7,8 @@ from ``grouped_topk`` and runs the reference math on the device. ``fused_moe`` i
 ``fused_experts_impl`` (moe_align_block_size, the fused-MoE GEMM kernel, SiLU-and-mul,
 moe_sum).
 
-Gated DeltaNet: ``chunk_gated_delta_rule`` and ``recurrent_gated_delta_rule`` run FlagGems'
-FLA kernels (``chunk_gated_delta_rule_fwd``, ``fused_recurrent_gated_delta_rule_fwd``), which
+Gated DeltaNet: ``chunk_gated_delta_rule`` and ``recurrent_gated_delta_rule`` (and the packed
+decode, split into the latter) run FlagGems' FLA kernels (``chunk_gated_delta_rule_fwd``, ``fused_recurrent_gated_delta_rule_fwd``), which
 keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised q/k with as many
 heads as v; FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those ops are not
 registered here).
@@ -18,7 +18,31 @@ from __future__ import annotations
 
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
+from sglang_fl.dispatch.limits import accepts
 from sglang_fl.dispatch.types import BackendImplKind
+
+
+def ensure_triton_allocator(device: str) -> None:
+    """Give Triton a workspace allocator on ``device`` where none is set.
+
+    FlagGems' chunked GDN kernel asks Triton for scratch memory at launch (TMA descriptors),
+    which fails without an allocator ("no allocator was set"); SGLang sets one the same way for
+    its own TMA kernels, lazily. Triton keeps it in a ContextVar, so it is per thread: set once
+    when the backend starts, and checked (one ``ContextVar.get``) by the methods that need it,
+    for a forward run on another thread."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:
+        return
+    if _allocation._allocator.get() is not _allocation._NULL_ALLOCATOR:
+        return
+    import torch
+    import triton
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
 
 
 class FlagGemsBackend(Backend):
@@ -27,6 +51,7 @@ class FlagGemsBackend(Backend):
 
     def __init__(self) -> None:
         self._gems = None
+        self._device = "cpu"
 
     def is_available(self) -> bool:
         try:
@@ -35,6 +60,9 @@ class FlagGemsBackend(Backend):
             self.unavailable_reason = f"import flag_gems failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
             return False
         self._gems = flag_gems
+        self._device = str(getattr(flag_gems, "device", "cuda"))
+        if self._device != "cpu":
+            ensure_triton_allocator(self._device)
         return True
 
     def silu_and_mul(self, obj, x):
@@ -145,10 +173,14 @@ class FlagGemsBackend(Backend):
             q, k = _l2norm(q.float()).to(q.dtype), _l2norm(k.float()).to(k.dtype)
         return _expand_heads(q, hv).contiguous(), _expand_heads(k, hv).contiguous()
 
+    @accepts(q=("bfloat16", "float16"),
+             why="FlagGems' chunk kernel is FLA's below the check that refuses float32 in SGLang's "
+                 "twin; not validated in float32")
     def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
                                use_qk_l2norm=True):
         import torch
 
+        ensure_triton_allocator(self._device)
         hv = v.shape[2]
         q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
         scale = k.shape[-1] ** -0.5 if scale is None else scale
@@ -173,15 +205,26 @@ class FlagGemsBackend(Backend):
         q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
         scale = k.shape[-1] ** -0.5 if scale is None else scale
         # FlagGems keeps [K, V] states: gather the sequences' slots (zeros for a negative index),
-        # run in place on them, scatter back the ones that have a slot.
+        # run in place on them, scatter back the ones that have a slot. Without a host sync
+        # (decode runs under CUDA graph capture): slot-less rows read slot 0 masked to zeros
+        # and add a zero change, so they never race a real row that owns slot 0.
         idx = state_indices.long()
-        has = idx >= 0
-        h0 = torch.zeros(idx.numel(), hv, k.shape[-1], v.shape[-1], dtype=torch.float32,
-                         device=v.device)
-        h0[has] = state[idx[has]].float().transpose(-1, -2)
+        has = (idx >= 0).view(-1, 1, 1, 1)
+        safe = idx.clamp(min=0)
+        old = state.index_select(0, safe)
+        h0 = torch.where(has, old.float(), 0.0).transpose(-1, -2).contiguous()
         out, h = self._gems.fused_recurrent_gated_delta_rule_fwd(
             q, k, v.contiguous(), g.contiguous(), beta.contiguous(), scale, h0,
             inplace_final_state=True, cu_seqlens=cu_seqlens.to(torch.int64),
             ssm_state_indices=torch.arange(idx.numel(), dtype=torch.int32, device=v.device))
-        state[idx[has]] = h[has].transpose(-1, -2).to(state.dtype)
+        change = torch.where(has, h.transpose(-1, -2) - old.float(), 0.0)
+        state.index_put_((safe,), change.to(state.dtype), accumulate=True)
         return out.to(q.dtype)
+
+    def packed_recurrent_gated_delta_rule(self, obj, mixed_qkv, a, b, A_log, dt_bias, state,  # noqa: N803
+                                          state_indices, scale=None, use_qk_l2norm=True):
+        from sglang_fl.dispatch.backends.reference_gdn import split_packed_qkv
+
+        q, k, v, cu = split_packed_qkv(mixed_qkv, state)
+        return self.recurrent_gated_delta_rule(obj, q, k, v, a, b, A_log, dt_bias, state,
+                                               state_indices, cu, scale, use_qk_l2norm)

@@ -34,6 +34,11 @@ class GDNReference:
                                               cu_seqlens, scale, use_qk_l2norm, softplus_beta,
                                               softplus_threshold)
 
+    def packed_recurrent_gated_delta_rule(self, obj, mixed_qkv, a, b, A_log, dt_bias, state,  # noqa: N803
+                                          state_indices, scale=None, use_qk_l2norm=True):
+        return gdn.packed_recurrent_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state,
+                                                     state_indices, scale, use_qk_l2norm)
+
     def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
                       has_initial_state, activation="silu"):
         return gdn.causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,

@@ -159,6 +159,32 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, state_indic
     return out.unsqueeze(0).to(q.dtype)
 
 
+def split_packed_qkv(mixed_qkv, state):
+    """``(q, k, v, cu_seqlens)`` of a packed decode batch: mixed_qkv ``[B, 2 * H * K + HV * V]``
+    (rows q | k | v) as views ``[1, B, H, K]`` / ``[1, B, HV, V]``, HV, V, K read off the state
+    pool ``[slots, HV, V, K]``; one token per sequence."""
+    if mixed_qkv.dim() != 2 or state.dim() != 4:
+        raise ValueError(f"mixed_qkv [B, qkv] and state [slots, HV, V, K] expected; got "
+                         f"{tuple(mixed_qkv.shape)} and {tuple(state.shape)}")
+    hv, dv, dk = state.shape[-3:]
+    rows, width = mixed_qkv.shape
+    qk = width - hv * dv
+    if qk <= 0 or qk % (2 * dk):
+        raise ValueError(f"mixed_qkv width {width} is not 2 * H * {dk} + {hv} * {dv} for any H")
+    h = qk // (2 * dk)
+    q, k, v = mixed_qkv.split([h * dk, h * dk, hv * dv], dim=-1)
+    cu = torch.arange(rows + 1, dtype=torch.int32, device=mixed_qkv.device)
+    return (q.reshape(1, rows, h, dk), k.reshape(1, rows, h, dk), v.reshape(1, rows, hv, dv), cu)
+
+
+def packed_recurrent_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state, state_indices,
+                                      scale=None, use_qk_l2norm=True):
+    """Packed decode: `recurrent_gated_delta_rule` of `split_packed_qkv`'s views."""
+    q, k, v, cu = split_packed_qkv(mixed_qkv, state)
+    return recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, state_indices, cu,
+                                      scale, use_qk_l2norm)
+
+
 def _activate(x, activation):
     if activation in (None, False):
         return x

@@ -213,6 +213,19 @@ class SGLangAdapter:
     def kernel(self, name: str):
         return self.resolve(self.KERNELS[name])
 
+    # -- Gated DeltaNet (sglang_glue/gdn.py, ledger route:gdn-kernels) ---------------------------
+    #: The kernel class SGLang's GDN backend calls on accelerators (extend/decode/packed_decode).
+    GDN_KERNEL_CLASS = "sglang.srt.layers.attention.linear.kernels.gdn_triton:TritonGDNKernel"
+    #: The backend module whose globals hold its gating and causal-conv1d kernels.
+    GDN_BACKEND_MODULE = "sglang.srt.layers.attention.linear.gdn_backend"
+
+    def mamba_extra_buffer(self) -> bool:
+        """Whether the server's mamba radix cache is the extra-buffer one (it tracks the chunk
+        kernel's per-chunk states)."""
+        from sglang.srt.server_args import get_global_server_args
+
+        return bool(get_global_server_args().enable_mamba_extra_buffer())
+
     # -- server defaults -------------------------------------------------------------------------
     #: sgl_kernel CPU ops this version's Qwen3.5/3.6 model module looks up at import that empty
     #: mode does not provide: while any is listed, SGLang skips that model on CPU.

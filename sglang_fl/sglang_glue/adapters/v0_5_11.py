@@ -29,6 +29,8 @@ class SGLang0511(SGLangAdapter):
         "fused_sigmoid_gating_delta_rule_update":
             "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent:"
             "fused_sigmoid_gating_delta_rule_update",
+        "fused_recurrent_gated_delta_rule_packed_decode":
+            "sglang.srt.layers.attention.fla.fused_recurrent:fused_recurrent_gated_delta_rule_packed_decode",
         "fused_gdn_gating": "sglang.srt.layers.attention.fla.fused_gdn_gating:fused_gdn_gating",
         "causal_conv1d_fn": "sglang.srt.layers.attention.mamba.causal_conv1d_triton:causal_conv1d_fn",
         "causal_conv1d_update":

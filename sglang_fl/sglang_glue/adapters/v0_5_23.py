@@ -68,6 +68,8 @@ class SGLang0523(SGLangAdapter):
         "fused_sigmoid_gating_delta_rule_update":
             "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent:"
             "fused_sigmoid_gating_delta_rule_update",
+        "fused_recurrent_gated_delta_rule_packed_decode":
+            "sglang.kernels.ops.attention.fla.fused_recurrent:fused_recurrent_gated_delta_rule_packed_decode",
         "fused_gdn_gating": "sglang.kernels.ops.attention.linear.fused_gdn_gating:fused_gdn_gating",
         "causal_conv1d_fn": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_fn",
         "causal_conv1d_update": "sglang.kernels.ops.mamba.causal_conv1d_triton:causal_conv1d_update",
@@ -128,6 +130,12 @@ class SGLang0523(SGLangAdapter):
         "MUSA": "sglang.srt.platforms.musa:MusaSRTPlatform",
         "CPU": "sglang.srt.platforms.cpu:CpuSRTPlatform",
     }
+
+    def mamba_extra_buffer(self) -> bool:
+        # get_global_server_args is retired: the value in effect is in the exec namespace.
+        from sglang.srt.runtime_context import get_exec
+
+        return bool(get_exec().mamba.enable_mamba_extra_buffer)
 
     def cpu_omp_bind_groups(self, tp_size: int, pp_size: int = 1) -> int:
         # One per worker process, indexed by its gpu_id (pp_rank * tp_size + tp_rank).

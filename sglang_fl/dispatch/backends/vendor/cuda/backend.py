@@ -8,8 +8,8 @@ SGLang install on a GPU may lack sgl_kernel and still have Triton):
 - sgl_kernel and apache-tvm-ffi: ``fused_moe`` (SGLang's Triton ``fused_experts``, whose
   SiLU-and-mul is JIT-compiled);
 - triton: ``mrotary_embedding`` (SGLang's Triton mRoPE kernel);
-- triton: the Gated DeltaNet ops (SGLang's FLA Triton kernels: chunked and fused-recurrent
-  gated delta rule, GDN gating, gated RMSNorm; its Triton causal conv1d).
+- triton: the Gated DeltaNet ops (SGLang's FLA Triton kernels: chunked, fused-recurrent and
+  packed-decode gated delta rule, GDN gating, gated RMSNorm; its Triton causal conv1d).
 
 Where each SGLang kernel lives depends on the SGLang version: the adapter's ``KERNELS``.
 """
@@ -20,6 +20,7 @@ import weakref
 
 from sglang_fl.dispatch.backends import Backend, real_module_available
 from sglang_fl.dispatch.backends.reference import select_experts
+from sglang_fl.dispatch.limits import accepts
 
 
 def _sglang_kernel(name: str):
@@ -29,8 +30,9 @@ def _sglang_kernel(name: str):
 
 
 _SGL_KERNEL_OPS = ("silu_and_mul", "rms_norm", "gemma_rms_norm", "topk")
-_GDN_OPS = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule", "causal_conv1d",
-            "causal_conv1d_update", "rms_norm_gated")
+_GDN_OPS = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+            "packed_recurrent_gated_delta_rule", "causal_conv1d", "causal_conv1d_update",
+            "rms_norm_gated")
 
 
 class CudaBackend(Backend):
@@ -71,6 +73,8 @@ class CudaBackend(Backend):
         return _sglang_kernel("fused_gdn_gating")(A_log, a, b, dt_bias, softplus_beta,
                                                   softplus_threshold)
 
+    @accepts(q=("bfloat16", "float16"),
+             why="SGLang's FLA chunk kernel asserts 'does not support float32'")
     def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
                                use_qk_l2norm=True):
         import torch
@@ -96,6 +100,17 @@ class CudaBackend(Backend):
             initial_state_indices=state_indices, cu_seqlens=cu_seqlens, scale=scale,
             use_qk_l2norm_in_kernel=use_qk_l2norm, softplus_beta=softplus_beta,
             softplus_threshold=softplus_threshold)
+
+    def packed_recurrent_gated_delta_rule(self, obj, mixed_qkv, a, b, A_log, dt_bias, state,  # noqa: N803
+                                          state_indices, scale=None, use_qk_l2norm=True):
+        hv, dv, dk = state.shape[-3:]
+        rows = mixed_qkv.shape[0]
+        out = mixed_qkv.new_empty(rows, 1, hv, dv)
+        _sglang_kernel("fused_recurrent_gated_delta_rule_packed_decode")(
+            mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+            scale=dk ** -0.5 if scale is None else scale, initial_state=state, out=out,
+            ssm_state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm)
+        return out.transpose(0, 1)
 
     def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
                       has_initial_state, activation="silu"):
