@@ -15,10 +15,11 @@ How: one program per (token, block of heads) of q or of k. It loads the ``x1`` a
 halves of every rotation pair of its tile (NeoX: channels ``i`` and ``i + rotary_dim // 2``;
 GPT-J: ``2i`` and ``2i + 1``) as two tiles of the same shape, computes
 ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` in fp32 and stores both, in the input's dtype.
-No program touches another's elements, and within a program a store depends on the loads of
-its own addresses only; the tile has at least one element per thread, so no address is loaded
-by a second (replica) thread that could run after the store. Channels past ``rotary_dim`` (a
-partial rotary) are neither read nor written.
+No program touches another's elements, and within a program the two tiles share one layout, so
+the thread that stores a pair is one that loaded both of its elements, before, in its own
+program order (a thread holding a replica of a pair loads it too but does not store it; tiles
+are sized to at least one element per thread anyway). Channels past ``rotary_dim`` (a partial
+rotary) are neither read nor written.
 
 Triton is imported at the first call (`_kernel`), so this module imports without it.
 """
