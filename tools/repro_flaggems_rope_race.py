@@ -2,21 +2,31 @@
 """Minimal reproducer: FlagGems' in-place ``apply_rotary_pos_emb`` returns wrong elements in a
 fraction of calls (a race), while the out-of-place call on the same inputs is exact.
 
-Needs only torch (CUDA) and flag_gems; no SGLang, no sglang-fl. Quote it in an upstream report:
+The race check needs only torch (CUDA) and flag_gems; no SGLang, no sglang-fl. Quote it in an
+upstream report (the fix: tools/flaggems-rope-inplace-fix.patch):
 
     python tools/repro_flaggems_rope_race.py [--iters 300] [--tokens 1024] [--dtype float16]
 
 Each iteration draws fresh q/k/positions, applies neox RoPE (head 128, rotary 128, 32 q / 8 kv
 heads, a cos/sin table like SGLang's) in place and out of place, and counts the calls in which any
 element is more than 0.05 from the same math in fp32. Seen on an H200 with FlagGems 5.0.2,
-Triton 3.6: 20-30 % of in-place calls wrong, 0 out of place. Wrong elements are
+Triton 3.6: 43 and 55 of 300 in-place calls wrong (two runs), 0 out of place. Wrong elements are
 ``x[d]*cos - y[p]*sin`` with the partner ``y[p]`` already overwritten by its rotated value: the
 kernel has no barrier between the warps that read a rotation partner and those that write it.
 Exit status 1 when an in-place call was wrong.
 
 ``--timing`` instead measures what avoiding the race costs: in-place vs out-of-place + copy into
-q/k (sglang-fl's workaround), per call, eager and under a CUDA graph, interleaved, over several
-token counts; prints JSON.
+q/k (sglang-fl's former workaround), per call, eager and under a CUDA graph, interleaved, over
+several token counts; prints JSON.
+
+``--compare`` times what sglang-fl now runs against the alternatives, per call under a CUDA graph
+(and eager), bf16, head 128, 32 q / 8 kv heads as views of one qkv buffer, 1/32/512/4096 tokens:
+sglang-fl's own in-place kernel (sglang_fl/kernels/rope.py, imported from this checkout), FlagGems
+out of place + copy, and sgl_kernel's ``apply_rope_with_cos_sin_cache_inplace`` where sgl_kernel
+imports (otherwise listed under "unavailable"). Each is first checked against fp32 math. From the
+repository root, with torch, triton and flag_gems installed:
+
+    python tools/repro_flaggems_rope_race.py --compare --out rope-compare.json
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import flag_gems
 import torch
@@ -37,7 +48,50 @@ def rope_fp32(x, cos, sin, pos):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
-def timing(dtype, hd, q_heads, kv_heads, repeats=15, per_graph=20, eager_iters=50) -> dict:
+def time_calls(calls, repeats=15, per_graph=20, eager_iters=50) -> dict:
+    """Per-call us of each of ``calls`` (name -> fn), eager and replayed from a CUDA graph of
+    ``per_graph`` calls, interleaved (each repeat runs every call, in alternating order);
+    medians, plus the per-repeat lists under ``*_all``."""
+    graphs = {}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()  # compile / warm up outside the capture
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(per_graph):
+                fn()
+        graphs[name] = g
+    res = {n: {"eager_us": [], "graph_us": []} for n in calls}
+    for rep in range(repeats):
+        for name in (list(calls) if rep % 2 == 0 else list(calls)[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(eager_iters):
+                calls[name]()
+            end.record()
+            torch.cuda.synchronize()
+            res[name]["eager_us"].append(start.elapsed_time(end) * 1e3 / eager_iters)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            torch.cuda.synchronize()
+            res[name]["graph_us"].append(start.elapsed_time(end) * 1e3 / per_graph)
+    return {n: {**{m: statistics.median(v) for m, v in r.items()},
+                **{f"{m}_all": v for m, v in r.items()}} for n, r in res.items()}
+
+
+def _median_ratio(res, a, b, metric):
+    return statistics.median(x / y for x, y in zip(res[a][f"{metric}_all"], res[b][f"{metric}_all"],
+                                                   strict=True))
+
+
+def timing(dtype, hd, q_heads, kv_heads) -> dict:
     """Per-call us of the in-place kernel vs the workaround (out of place + copy_)."""
     dev, max_pos = "cuda", 4096
     cos = torch.randn(max_pos, hd // 2, device=dev, dtype=dtype)
@@ -58,44 +112,88 @@ def timing(dtype, hd, q_heads, kv_heads, repeats=15, per_graph=20, eager_iters=5
             q.copy_(qo)
             k.copy_(ko)
 
-        calls = {"inplace": inplace, "out_of_place_copy": workaround}
-        graphs = {}
+        res = time_calls({"inplace": inplace, "out_of_place_copy": workaround})
+        out[tokens] = {n: {m: v for m, v in r.items() if not m.endswith("_all")}
+                       for n, r in res.items()}
+        for metric in ("graph", "eager"):
+            out[tokens][f"{metric}_ratio_workaround_vs_inplace"] = _median_ratio(
+                res, "out_of_place_copy", "inplace", f"{metric}_us")
+    return out
+
+
+def _sgl_kernel_rope():
+    """sgl_kernel's ``apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size,
+    cos_sin_cache, is_neox)`` (the CUDA kernel SGLang serves with), or why it is not here."""
+    try:
+        from sgl_kernel import apply_rope_with_cos_sin_cache_inplace
+    except Exception as exc:  # noqa: BLE001 - absent or built for another torch/CUDA
+        return None, f"import sgl_kernel failed: {type(exc).__name__}: {exc}"
+    return apply_rope_with_cos_sin_cache_inplace, None
+
+
+def compare(dtype, hd, q_heads, kv_heads, token_counts) -> dict:
+    """In-place RoPE under a CUDA graph: sglang-fl's kernel vs FlagGems out of place + copy
+    (what sglang-fl did before it) vs sgl_kernel, q/k as views of one qkv buffer (as SGLang
+    passes them), fp32 caches. Each candidate is first checked against fp32 math (max abs
+    error); one that fails to run is reported, not timed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sglang_fl.kernels.rope import rotary_embedding_inplace
+
+    dev, max_pos = "cuda", 32768
+    inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
+    freqs = torch.outer(torch.arange(max_pos, device=dev).float(), inv_freq)
+    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+    cos_sin_cache = torch.cat((cos, sin), dim=-1)
+    sgl_rope, sgl_missing = _sgl_kernel_rope()
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "flag_gems": getattr(flag_gems, "__version__", "?"), "dtype": str(dtype),
+           "head_size": hd, "q_heads": q_heads, "kv_heads": kv_heads, "neox": True,
+           "unavailable": {"sgl_kernel": sgl_missing} if sgl_missing else {}, "tokens": {}}
+    for tokens in token_counts:
+        qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * hd, device=dev, dtype=dtype)
+        q, k, _ = qkv.split([q_heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+        pos = torch.randint(0, max_pos, (tokens,), device=dev)
+
+        def plugin(q=q, k=k, pos=pos):
+            rotary_embedding_inplace(q, k, cos, sin, pos, hd, False)
+
+        def flaggems_copy(q=q, k=k, pos=pos, t=tokens):
+            q3, k3 = q.view(t, -1, hd), k.view(t, -1, hd)
+            qo, ko = flag_gems.apply_rotary_pos_emb(q3, k3, cos, sin, pos,
+                                                    rotary_interleaved=False, inplace=False)
+            q3.copy_(qo)
+            k3.copy_(ko)
+
+        calls = {"sglang_fl_inplace": plugin, "flaggems_out_of_place_copy": flaggems_copy}
+        if sgl_rope is not None:
+            def sgl(q=q, k=k, pos=pos):
+                sgl_rope(positions=pos, query=q, key=k, head_size=hd,
+                         cos_sin_cache=cos_sin_cache, is_neox=True)
+            calls["sgl_kernel_inplace"] = sgl
+        row, timed = {}, {}
+        x = qkv.clone()
+        want_q = rope_fp32(q.view(tokens, -1, hd), cos, sin, pos)
+        want_k = rope_fp32(k.view(tokens, -1, hd), cos, sin, pos)
         for name, fn in calls.items():
-            for _ in range(3):
-                fn()  # compile / warm up outside the capture
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
+            qkv.copy_(x)
+            try:
                 fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(per_graph):
-                    fn()
-            graphs[name] = g
-        res = {n: {"eager_us": [], "graph_us": []} for n in calls}
-        for rep in range(repeats):
-            for name in (list(calls) if rep % 2 == 0 else list(calls)[::-1]):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
-                start.record()
-                for _ in range(eager_iters):
-                    calls[name]()
-                end.record()
-                torch.cuda.synchronize()
-                res[name]["eager_us"].append(start.elapsed_time(end) * 1e3 / eager_iters)
-                start.record()
-                graphs[name].replay()
-                end.record()
-                torch.cuda.synchronize()
-                res[name]["graph_us"].append(start.elapsed_time(end) * 1e3 / per_graph)
-        out[tokens] = {n: {m: statistics.median(v) for m, v in r.items()} for n, r in res.items()}
-        out[tokens]["graph_ratio_workaround_vs_inplace"] = statistics.median(
-            a / b for a, b in zip(res["out_of_place_copy"]["graph_us"], res["inplace"]["graph_us"],
-                                  strict=True))
-        out[tokens]["eager_ratio_workaround_vs_inplace"] = statistics.median(
-            a / b for a, b in zip(res["out_of_place_copy"]["eager_us"], res["inplace"]["eager_us"],
-                                  strict=True))
+            except Exception as exc:  # noqa: BLE001 - report it, time the others
+                row[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            err = max((q.view(tokens, -1, hd).float() - want_q).abs().max().item(),
+                      (k.view(tokens, -1, hd).float() - want_k).abs().max().item())
+            row[name] = {"max_abs_err_vs_fp32": err}
+            timed[name] = fn
+        res = time_calls(timed)
+        for name, r in res.items():
+            row[name].update({m: v for m, v in r.items() if not m.endswith("_all")})
+        for name in res:
+            if name != "sglang_fl_inplace" and "sglang_fl_inplace" in res:
+                row[f"graph_ratio_{name}_vs_sglang_fl"] = _median_ratio(
+                    res, name, "sglang_fl_inplace", "graph_us")
+        out["tokens"][tokens] = row
     return out
 
 
@@ -106,12 +204,28 @@ def main() -> int:
     ap.add_argument("--head-size", type=int, default=128)
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--dtype", choices=("float16", "bfloat16"),
+                    help="default float16 (bfloat16 for --compare)")
     ap.add_argument("--timing", action="store_true", help="measure the workaround's cost instead")
+    ap.add_argument("--compare", action="store_true",
+                    help="time sglang-fl's in-place kernel vs FlagGems out of place + copy vs "
+                         "sgl_kernel under a CUDA graph (bf16 unless --dtype)")
+    ap.add_argument("--compare-tokens", default="1,32,512,4096")
+    ap.add_argument("--out", help="also write the JSON of --timing/--compare here")
     args = ap.parse_args()
-    dtype, dev, hd = getattr(torch, args.dtype), "cuda", args.head_size
-    if args.timing:
-        print(json.dumps(timing(dtype, hd, args.q_heads, args.kv_heads), indent=1))
+    dtype, dev, hd = getattr(torch, args.dtype or "float16"), "cuda", args.head_size
+    if args.timing or args.compare:
+        if args.compare:
+            tokens = [int(t) for t in args.compare_tokens.split(",")]
+            result = compare(getattr(torch, args.dtype or "bfloat16"), hd, args.q_heads,
+                             args.kv_heads, tokens)
+        else:
+            result = timing(dtype, hd, args.q_heads, args.kv_heads)
+        text = json.dumps(result, indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n")
         return 0
     max_pos, half = 4096, hd // 2
     inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
@@ -134,7 +248,7 @@ def main() -> int:
                       (got_k.float() - want_k).abs().max().item())
             wrong[mode] += err > 0.05
     print(f"flag_gems {getattr(flag_gems, '__version__', '?')}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens, head {hd}")
+          f"{torch.cuda.get_device_name()}, {dtype}, {args.tokens} tokens, head {hd}")
     for mode, n in wrong.items():
         print(f"{mode:>13}: {n} of {args.iters} calls wrong")
     return 1 if wrong["in-place"] else 0

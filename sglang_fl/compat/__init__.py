@@ -46,11 +46,16 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    it to a check that answers no (`swaps`), so SGLang takes its own index_put branch. Upstream:
    none. Remove with 6.
 9. ``flaggems:rope-inplace`` -- FlagGems 5.0.2's in-place ``apply_rotary_pos_emb`` races (no
-   barrier between the warps that read a rotation partner and those that overwrite it): 20-30 %
+   barrier between the warps that read a rotation partner and those that overwrite it): 14-18 %
    of calls at head 128 x 1024 tokens wrong on an H200; out of place is exact. How: the flagos
-   RoPE impl always calls it out of place and copies into q/k (dispatch/backends/flaggems.py);
-   reproducer tools/repro_flaggems_rope_race.py. Upstream: to be reported with the reproducer.
-   Remove when a FlagGems release passes the reproducer and tests/gpu's repeated RoPE cases.
+   RoPE impl runs sglang-fl's own in-place Triton kernel (``sglang_fl/kernels/rope.py``: each
+   program loads both halves of the pairs it owns before storing them) for ``inplace=True`` and
+   FlagGems' out-of-place kernel for ``inplace=False`` (dispatch/backends/flaggems.py);
+   reproducer tools/repro_flaggems_rope_race.py. Upstream: the fix and its test, ready to send,
+   in tools/flaggems-rope-inplace-fix.patch. Remove (call ``apply_rotary_pos_emb(...,
+   inplace=True)`` again and delete the kernel) when a FlagGems release passes the reproducer,
+   tests/gpu/test_rope_kernel.py's detector check reports it fixed, and ``--compare`` shows its
+   in-place kernel no slower than sglang-fl's.
 10. ``fix:request_state_leak`` -- not empty mode but an SGLang 0.5.11 bug, fixed on every chip:
    ``TokenizerManager.generate_request`` registers request states before validating, so a
    request rejected before dispatch (``max_tokens=-1``, ``temperature=-1``, a prompt over the
@@ -197,10 +202,12 @@ LEDGER: tuple[Patch, ...] = (
           "is_cuda() on every start", "rebind the capability check to answer no", "none",
           "SGLang falls back when the JIT path is unavailable"),
     Patch("flaggems:rope-inplace", "FlagGems 5.0.2's in-place apply_rotary_pos_emb races between "
-          "warps (wrong elements in 20-30 % of calls at head 128)",
-          "flagos RoPE calls it out of place and copies into q/k; "
-          "reproducer tools/repro_flaggems_rope_race.py", "to be reported with the reproducer",
-          "a FlagGems release passes the reproducer and the repeated GPU RoPE tests"),
+          "warps (wrong elements in 14-18 % of calls at head 128)",
+          "flagos RoPE runs sglang-fl's own in-place Triton kernel (sglang_fl/kernels/rope.py) "
+          "for inplace=True, FlagGems out of place otherwise; reproducer "
+          "tools/repro_flaggems_rope_race.py",
+          "fix + test ready to send: tools/flaggems-rope-inplace-fix.patch",
+          "a FlagGems release passes the reproducer and is no slower in place (--compare)"),
     Patch("fix:request_state_leak", "TokenizerManager leaks the states of requests rejected "
           "before dispatch and of n>1 requests; SGLang's SIGTERM drain then never ends",
           "wrap generate_request after import: drop this request's undispatched states when it "

@@ -12,6 +12,10 @@ decode, split into the latter) run FlagGems' FLA kernels (``chunk_gated_delta_ru
 keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised q/k with as many
 heads as v; FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those ops are not
 registered here).
+
+RoPE: out of place is FlagGems' ``apply_rotary_pos_emb``; in place (what SGLang calls) is
+sglang-fl's own kernel (``sglang_fl.kernels.rope``), because FlagGems' in-place one races.
+``mrotary_embedding`` is not registered: FlagGems has no mRoPE.
 """
 
 from __future__ import annotations
@@ -91,11 +95,14 @@ class FlagGemsBackend(Backend):
 
     def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
                          rotary_interleaved=False, inplace=True):
-        # FlagGems 5.0.2's in-place RoPE kernel races (no barrier between the warps that read a
-        # rotation partner and those that overwrite it): 20-30 % of calls at head 128 x 1024
-        # tokens return wrong elements on an H200. Its out-of-place kernel is exact, so in-place
-        # is done as out-of-place + copy into q/k (compat ledger entry ``flaggems:rope-inplace``;
-        # reproducer: tools/repro_flaggems_rope_race.py).
+        if inplace:
+            # FlagGems 5.0.2's in-place kernel races between warps (compat ledger entry
+            # ``flaggems:rope-inplace``; tools/repro_flaggems_rope_race.py): sglang-fl's own
+            # Triton kernel, race-free by construction, rotates q/k in place instead.
+            from sglang_fl.kernels.rope import rotary_embedding_inplace
+
+            return rotary_embedding_inplace(query, key, cos, sin, position_ids, obj.head_size,
+                                            rotary_interleaved)
         head_size, rot_dim = obj.head_size, 2 * cos.shape[-1]
         tokens = position_ids.numel()
         q = query.view(tokens, -1, head_size)[..., :rot_dim]
@@ -104,10 +111,6 @@ class FlagGemsBackend(Backend):
             q, k, cos, sin, position_ids.view(tokens), rotary_interleaved=rotary_interleaved,
             inplace=False,
         )
-        if inplace:
-            q.copy_(q_out)
-            k.copy_(k_out)
-            return query, key
         if rot_dim == head_size:
             return q_out.reshape(query.shape), k_out.reshape(key.shape)
         import torch

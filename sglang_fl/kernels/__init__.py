@@ -1,0 +1,7 @@
+"""sglang-fl's own Triton kernels, for ops where the kernel library a backend wraps has none
+that is correct (or fast) enough. Each module here imports Triton only when a kernel is first
+launched, so the package imports on hosts without Triton (CPU CI, empty mode).
+
+- `rope`: in-place RoPE for the ``flagos`` backend, because FlagGems 5.0.2's in-place
+  ``apply_rotary_pos_emb`` races (compat ledger ``flaggems:rope-inplace``).
+"""

@@ -1,0 +1,82 @@
+"""In-place rotary embedding (RoPE) on a Triton device: the ``rotary_embedding`` op's
+``inplace=True`` case for the ``flagos`` backend.
+
+Why it exists: FlagGems 5.0.2's in-place ``apply_rotary_pos_emb`` has each lane load its element
+and its rotation partner and store its element, with no barrier between one warp's loads and
+another warp's stores, so a partner is sometimes read after it was overwritten (H200: 55 of 300
+calls wrong at fp16, 1024 tokens, head 128; tools/repro_flaggems_rope_race.py). Its
+out-of-place kernel is exact, but out of place + a copy back costs 1.25-1.9x per call under a
+CUDA graph (docs/performance.md). This kernel is in place and race-free by construction: every
+element is read once and written once by the same program, and a pair's two outputs are stored
+only after both of its inputs were loaded (the compat ledger entry ``flaggems:rope-inplace``
+says when it can go).
+
+How: one program per (token, block of heads) of q or of k. It loads the ``x1`` and ``x2``
+halves of every rotation pair of its tile (NeoX: channels ``i`` and ``i + rotary_dim // 2``;
+GPT-J: ``2i`` and ``2i + 1``) as two tiles of the same shape, computes
+``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` in fp32 and stores both, in the input's dtype.
+No program touches another's elements, and within a program the two tiles share one layout, so
+the thread that stores a pair is one that loaded both of its elements, before, in its own
+program order (a thread holding a replica of a pair loads it too but does not store it; tiles
+are sized to at least one element per thread anyway). Channels past ``rotary_dim`` (a partial
+rotary) are neither read nor written.
+
+Triton is imported at the first call (`_kernel`), so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+#: Elements of one half-tile ([heads, rotary_dim // 2]) a program aims for: 4 per thread at 4
+#: warps, i.e. 1 KiB (fp16) to 2 KiB (fp32) per load.
+_TILE = 512
+
+
+def rotary_embedding_inplace(query, key, cos, sin, position_ids, head_size,
+                             rotary_interleaved=False):
+    """Rotate the first ``2 * cos.shape[-1]`` channels of every head of ``query`` and ``key``
+    in place, as the ``rotary_embedding`` op with ``inplace=True`` (sglang_fl/dispatch/ops.py):
+    query ``[tokens, q_heads * head_size]`` and key ``[tokens, k_heads * head_size]`` (views of
+    a fused qkv buffer are fine: any token stride), cos/sin ``[max_positions, rotary_dim // 2]``
+    of any float dtype, position_ids ``[tokens]``. Returns ``(query, key)``."""
+    tokens = position_ids.numel()
+    half = cos.shape[-1]
+    if 2 * half > head_size:
+        raise ValueError(f"rotary_dim {2 * half} exceeds head_size {head_size}")
+    if sin.shape != cos.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ")
+    if tokens == 0:
+        return query, key
+    q = query.view(tokens, -1, head_size)
+    k = key.view(tokens, -1, head_size)
+    pos = position_ids.reshape(tokens)
+    block_half = _next_power_of_2(half)
+    # Heads per tile: the smaller head count (Llama-3-8B: 32 q / 8 k, so k wastes no rows), up
+    # to _TILE elements, and at least one element per thread of one warp.
+    block_heads = min(_next_power_of_2(min(q.shape[1], k.shape[1])),
+                      max(1, _TILE // block_half))
+    block_heads = max(block_heads, 32 // block_half, 1)
+    num_warps = max(1, min(4, block_heads * block_half // 128))
+    q_blocks = -(-q.shape[1] // block_heads)
+    k_blocks = -(-k.shape[1] // block_heads)
+    _kernel()[(tokens, q_blocks + k_blocks)](
+        q, k, cos, sin, pos,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        pos.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        q.shape[1], k.shape[1], q_blocks,
+        HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=block_heads,
+        INTERLEAVED=bool(rotary_interleaved), num_warps=num_warps,
+    )
+    return query, key
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@functools.cache
+def _kernel():
+    from sglang_fl.kernels import rope_triton
+
+    return rope_triton.rope_inplace_kernel
