@@ -94,6 +94,10 @@ def ops_report() -> dict:
                            if op in settings.op_backends else f"prefer ({settings.origins['prefer']})"),
             "candidates": [i.impl_id for i in sel.candidates],
             "skipped": [{"impl": name, "why": why} for name, _, why in manager.skipped(op, sel)],
+            # Declared input limits (dispatch/limits.py): a call outside them goes to the next
+            # candidate that takes it.
+            "limits": {i.impl_id: i.limits.describe() for i in manager.registry.impls(op)
+                       if i.limits is not None},
         }
         try:
             resolved = manager.resolve(op)
@@ -167,6 +171,8 @@ def cmd_ops(args) -> int:
             if b.get("error"):
                 ok = False
                 print(f"{pad}ERROR: {b['error']}")
+        for impl_id, limits in e["limits"].items():
+            print(f"{pad}{impl_id} accepts only {limits}; other calls go to the next candidate")
         for s in e["skipped"]:
             print(f"{pad}skipped {s['impl']}: {s['why']}")
         if e.get("preferred_unavailable"):

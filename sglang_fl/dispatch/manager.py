@@ -67,13 +67,15 @@ class ResolvedOp:
                 ) from exc
             return self.candidates[0]
 
-    def retry(self, impl: OpImpl, exc: Exception, args: tuple, kwargs: dict, on_switch=None):
+    def retry(self, impl: OpImpl, exc: Exception, args: tuple, kwargs: dict, on_switch=None,
+              on_decline=None):
         """``impl`` raised ``exc`` on ``fn(*args, **kwargs)``: try the next candidates until one
         succeeds; returns ``(impl, result)``. ``on_switch(impl)`` runs at every switch. An impl
         that declined the inputs (`InputsDeclined`) is not dropped: `declined` hands this call
-        on and ``impl`` stays the choice."""
+        on and ``impl`` stays the choice (``on_decline(taker, decliner)`` runs for the impl that
+        took the call)."""
         if isinstance(exc, InputsDeclined):
-            return impl, self.declined(impl, exc, args, kwargs)
+            return impl, self.declined(impl, exc, args, kwargs, on_decline)
         while True:
             impl = self.fallback(impl, exc)
             if on_switch is not None:
@@ -84,7 +86,8 @@ class ResolvedOp:
                 exc = next_exc
 
 
-    def declined(self, impl: OpImpl, exc: InputsDeclined, args: tuple, kwargs: dict):
+    def declined(self, impl: OpImpl, exc: InputsDeclined, args: tuple, kwargs: dict,
+                 on_decline=None):
         """The result of the first candidate after ``impl`` that accepts this call's inputs;
         each (impl, reason) is logged once. Strict mode or nothing accepting: an error naming
         every impl's reason."""
@@ -94,9 +97,13 @@ class ResolvedOp:
             for nxt in after:
                 self._log_decline(reasons[-1][0], reasons[-1][1], nxt)
                 try:
-                    return nxt.fn(*args, **kwargs)
+                    result = nxt.fn(*args, **kwargs)
                 except InputsDeclined as again:
                     reasons.append((nxt, again))
+                    continue
+                if on_decline is not None:
+                    on_decline(nxt, impl)
+                return result
         self._log_decline(reasons[-1][0], reasons[-1][1], None)
         strict = " (SGLANG_FL_STRICT=1: no other kind is tried)" if self.strict else ""
         raise NoImplementationError(

@@ -44,8 +44,11 @@ class ImplSlot:
         return not self.resolved.strict and len(self.resolved.candidates) > 1
 
     def _first_call(self, *args, **kwargs):
+        # Logged once the impl has returned: a first call it declined or failed is logged
+        # under the impl that took it instead (call_after_failure).
+        result = self.impl.fn(*args, **kwargs)
         self.taken()
-        return self.fn(*args, **kwargs)
+        return result
 
     def taken(self) -> None:
         """The route is taken: log it, and call the impl directly from now on."""
@@ -61,8 +64,14 @@ class ImplSlot:
         log_left_to_sglang(self.class_name, why, self.log_path)
 
     def call_after_failure(self, exc: Exception, *args, **kwargs):
-        """Fall back (or re-raise in strict mode) until an impl succeeds."""
-        return self.resolved.retry(self.impl, exc, args, kwargs, on_switch=self._switch)[1]
+        """Fall back (or re-raise in strict mode) until an impl succeeds; a call the impl
+        declined (its declared limits) is logged under the impl that took it."""
+        return self.resolved.retry(self.impl, exc, args, kwargs, on_switch=self._switch,
+                                   on_decline=self._declined_to)[1]
+
+    def _declined_to(self, taker: OpImpl, decliner: OpImpl) -> None:
+        log_dispatch(self.class_name, f"{taker.label}{self.where} (inputs declined by "
+                     f"{decliner.impl_id})", self.log_path)
 
     def _switch(self, impl: OpImpl) -> None:
         self.impl = impl

@@ -9,6 +9,24 @@ import pytest
 from gpu_support import sglang_ready
 
 
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="run the exhaustive GPU grids too (tests marked exhaustive)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --exhaustive, the grid points marked ``exhaustive`` are deselected: the default
+    suite covers every op x backend x dtype on representative shapes and fits one device call."""
+    if config.getoption("--exhaustive"):
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if item.get_closest_marker("exhaustive") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def reference():
     from sglang_fl.dispatch.backends.reference import ReferenceBackend

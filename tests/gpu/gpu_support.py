@@ -32,6 +32,14 @@ TOKENS = (1, 7, 128, 1024, 8192)
 HIDDEN = (896, 4096, 8192)  # Qwen2.5-0.5B, Llama-3-8B, Llama-3-70B
 
 
+def grid(values, default):
+    """``values`` as parametrize values, those outside ``default`` marked ``exhaustive``: the
+    default run (``pytest tests/gpu``) takes the representative ``default`` points, the ones
+    where kernels change behaviour (decode vs prefill sizes, odd sizes, block boundaries);
+    ``pytest tests/gpu --exhaustive`` takes every value."""
+    return [v if v in default else pytest.param(v, marks=pytest.mark.exhaustive) for v in values]
+
+
 def assert_close(actual, expected, what="", op=None):
     """Within ``op``'s tolerance in the op table, or the generic rounding one."""
     if op is not None:

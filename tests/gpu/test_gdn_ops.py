@@ -18,8 +18,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (none here; CI has none) -- see docs/air-gapped-install.md",
                 allow_module_level=True)
 
-from gpu_support import sglang_ready, skip_unless_implemented  # noqa: E402
+from gpu_support import grid, sglang_ready, skip_unless_implemented  # noqa: E402
 
+from sglang_fl.dispatch.limits import InputsDeclined  # noqa: E402
 from sglang_fl.dispatch.ops import op_spec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -27,13 +28,28 @@ pytestmark = pytest.mark.gpu
 DTYPES = (torch.bfloat16, torch.float32)
 LENGTHS = ([1], [64], [65], [130, 7, 1])
 HEADS = ((16, 32), (16, 48))  # (key heads, value heads)
+DEFAULT_HEADS = HEADS[:1]
 DK = DV = 128
 
 
 def implements(backend, op):
+    """The op's impl as the dispatch registers it: guarded by its declared input limits."""
     skip_unless_implemented(backend, op)
     sglang_ready()
-    return getattr(backend, op)
+    return next(i for i in backend.op_impls() if i.op_name == op)
+
+
+def run_or_declined(impl, *args):
+    """``impl.fn(None, *args)``, or None where its declared limits refuse the inputs: then the
+    refusal must name the limit (the dispatch hands such calls on; tests/integration checks the
+    hand-over). A kernel crash is never an accepted outcome."""
+    if impl.limits is None:
+        return impl.fn(None, *args)
+    try:
+        return impl.fn(None, *args)
+    except InputsDeclined as exc:
+        assert "takes" in str(exc) or ":" in str(exc), exc
+        return None
 
 
 def close(got, want, op, dtype, what):
@@ -65,9 +81,9 @@ def f32(*tensors):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}-hv{h[1]}")
+@pytest.mark.parametrize("heads", grid(HEADS, DEFAULT_HEADS), ids=lambda h: f"h{h[0]}-hv{h[1]}")
 def test_gdn_gating(backend, reference, heads, dtype):
-    fn = implements(backend, "gdn_gating")
+    fn = implements(backend, "gdn_gating").fn
     _, _, _, a, b, A_log, dt_bias, _ = gdn_inputs([130], heads, dtype)  # noqa: N806
     g, beta = fn(None, A_log, a, b, dt_bias)
     g_ref, beta_ref = reference.gdn_gating(None, A_log, *f32(a, b), dt_bias)
@@ -78,14 +94,17 @@ def test_gdn_gating(backend, reference, heads, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("lengths", LENGTHS, ids=lambda L: "+".join(map(str, L)))
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}-hv{h[1]}")
+@pytest.mark.parametrize("heads", grid(HEADS, DEFAULT_HEADS), ids=lambda h: f"h{h[0]}-hv{h[1]}")
 def test_chunk_gated_delta_rule(backend, reference, heads, lengths, with_state, dtype):
-    fn = implements(backend, "chunk_gated_delta_rule")
+    impl = implements(backend, "chunk_gated_delta_rule")
     q, k, v, a, b, A_log, dt_bias, cu = gdn_inputs(lengths, heads, dtype)  # noqa: N806
     g, beta = reference.gdn_gating(None, A_log, *f32(a, b), dt_bias)
     init = (0.1 * torch.randn(len(lengths), heads[1], DV, DK, device="cuda", generator=gen(1))
             if with_state else None)
-    out, final = fn(None, q, k, v, g, beta, None if init is None else init.clone(), cu)
+    got = run_or_declined(impl, q, k, v, g, beta, None if init is None else init.clone(), cu)
+    if got is None:
+        pytest.skip(f"{impl.impl_id} declines {dtype} (declared: {impl.limits.describe()})")
+    out, final = got
     out_ref, final_ref = reference.chunk_gated_delta_rule(
         None, *f32(q, k, v), g, beta, None if init is None else init.clone(), cu)
     close(out, out_ref, "chunk_gated_delta_rule", dtype, "output")
@@ -95,7 +114,7 @@ def test_chunk_gated_delta_rule(backend, reference, heads, lengths, with_state, 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("batch", [1, 3, 32])
 def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference, batch, dtype):
-    fn = implements(backend, "recurrent_gated_delta_rule")
+    fn = implements(backend, "recurrent_gated_delta_rule").fn
     heads = HEADS[0]
     q, k, v, a, b, A_log, dt_bias, cu = gdn_inputs([1] * batch, heads, dtype, seed=3)  # noqa: N806
     pool = 0.1 * torch.randn(batch + 2, heads[1], DV, DK, device="cuda", generator=gen(2))
@@ -113,7 +132,7 @@ def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "continued"])
 def test_causal_conv1d_and_its_windows(backend, reference, with_state, dtype):
-    fn = implements(backend, "causal_conv1d")
+    fn = implements(backend, "causal_conv1d").fn
     dim, width, lengths = 2 * 16 * DK + 32 * DV, 4, [1, 7, 130]
     g = gen(7)
     x = torch.randn(dim, sum(lengths), device="cuda", generator=g).to(dtype)
@@ -133,7 +152,7 @@ def test_causal_conv1d_and_its_windows(backend, reference, with_state, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("batch", [1, 32])
 def test_causal_conv1d_update(backend, reference, batch, dtype):
-    fn = implements(backend, "causal_conv1d_update")
+    fn = implements(backend, "causal_conv1d_update").fn
     dim, width, g = 2 * 16 * DK + 32 * DV, 4, gen(9)
     x = torch.randn(batch, dim, device="cuda", generator=g).to(dtype)
     weight = torch.randn(dim, width, device="cuda", generator=g).to(dtype)
@@ -152,7 +171,7 @@ def test_causal_conv1d_update(backend, reference, batch, dtype):
 @pytest.mark.parametrize("tokens", [1, 7, 1024])
 @pytest.mark.parametrize("norm_before_gate", [True, False])
 def test_rms_norm_gated(backend, reference, tokens, norm_before_gate, dtype):
-    fn = implements(backend, "rms_norm_gated")
+    fn = implements(backend, "rms_norm_gated").fn
     g = gen(11)
     x = torch.randn(tokens * 32, DV, device="cuda", generator=g).to(dtype)
     z = torch.randn(tokens * 32, DV, device="cuda", generator=g).to(dtype)
@@ -163,3 +182,55 @@ def test_rms_norm_gated(backend, reference, tokens, norm_before_gate, dtype):
     ref_layer.weight = torch.nn.Parameter(layer.weight.detach().float())
     want = reference.rms_norm_gated(ref_layer, x.float(), z.float(), 1e-6, None, norm_before_gate)
     close(got, want, "rms_norm_gated", dtype, "output")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("heads", grid(HEADS, DEFAULT_HEADS), ids=lambda h: f"h{h[0]}-hv{h[1]}")
+def test_packed_recurrent_gated_delta_rule(backend, reference, heads, batch, dtype):
+    """The packed decode (rows q | k | v, as TritonGDNKernel.packed_decode gets them) against the
+    reference, through a pool with a slot-less request."""
+    impl = implements(backend, "packed_recurrent_gated_delta_rule")
+    h, hv = heads
+    q, k, v, a, b, A_log, dt_bias, _ = gdn_inputs([1] * batch, heads, dtype, seed=5)  # noqa: N806
+    mixed = torch.cat((q.reshape(batch, h * DK), k.reshape(batch, h * DK),
+                       v.reshape(batch, hv * DV)), dim=-1).contiguous()
+    pool = 0.1 * torch.randn(batch + 2, hv, DV, DK, device="cuda", generator=gen(6))
+    slots = torch.arange(1, batch + 1, dtype=torch.int32, device="cuda").flip(0)
+    if batch > 1:
+        slots[1] = -1
+    work, work_ref = pool.clone(), pool.clone()
+    out = run_or_declined(impl, mixed, a, b, A_log, dt_bias, work, slots)
+    if out is None:
+        pytest.skip(f"{impl.impl_id} declines {dtype} (declared: {impl.limits.describe()})")
+    out_ref = reference.packed_recurrent_gated_delta_rule(None, mixed.float(), *f32(a, b), A_log,
+                                                          dt_bias, work_ref, slots)
+    close(out, out_ref, "packed_recurrent_gated_delta_rule", dtype, "output")
+    close(work, work_ref, "packed_recurrent_gated_delta_rule", dtype, "state pool")
+
+
+def test_flagos_chunk_rule_runs_in_a_fresh_process():
+    """FlagGems' chunk kernel needs a Triton allocator: the backend sets it when it starts, so a
+    process that does nothing but build the backend and call the op gets a result."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
+from sglang_fl.dispatch.backends.reference import ReferenceBackend
+b = FlagGemsBackend(); assert b.available(), b.unavailable_reason
+T, H, HV, D = 130, 2, 4, 128
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k = (torch.randn(1, T, H, D, device="cuda", generator=g).bfloat16() for _ in range(2))
+v = torch.randn(1, T, HV, D, device="cuda", generator=g).bfloat16()
+gg = -torch.rand(1, T, HV, device="cuda", generator=g)
+beta = torch.rand(1, T, HV, device="cuda", generator=g)
+cu = torch.tensor([0, T], device="cuda", dtype=torch.int32)
+out, final = b.chunk_gated_delta_rule(None, q, k, v, gg, beta, None, cu)
+ref, _ = ReferenceBackend().chunk_gated_delta_rule(None, q.float(), k.float(), v.float(), gg, beta, None, cu)
+torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]

@@ -22,6 +22,7 @@ from gpu_support import (  # noqa: E402
     HIDDEN,
     TOKENS,
     assert_close,
+    grid,
     make_mrope,
     make_rms_norm,
     make_rope,
@@ -31,6 +32,8 @@ from gpu_support import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.gpu
+#: Decode, an odd size and a multi-block prefill (TOKENS adds 128 and 8192 with --exhaustive).
+DEFAULT_TOKENS = (1, 7, 1024)
 
 
 def _randn(*shape, dtype, seed):
@@ -39,8 +42,8 @@ def _randn(*shape, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("hidden", HIDDEN)
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("hidden", grid(HIDDEN, HIDDEN[:2]))
+@pytest.mark.parametrize("tokens", grid(TOKENS, DEFAULT_TOKENS))
 @pytest.mark.parametrize("residual", ["plain", "residual", "post"])
 def test_rms_norm(backend, reference, tokens, hidden, dtype, residual):
     skip_unless_implemented(backend, "rms_norm")
@@ -81,7 +84,7 @@ def test_gemma_rms_norm(backend, reference, tokens, dtype, residual):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("intermediate", (4864, 14336))  # Qwen2.5-0.5B, Llama-3-8B
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("tokens", grid(TOKENS, DEFAULT_TOKENS))
 def test_silu_and_mul(backend, reference, tokens, intermediate, dtype):
     skip_unless_implemented(backend, "silu_and_mul")
     layer = make_silu_and_mul()
@@ -96,7 +99,7 @@ ROPE_SHAPES = [(64, 64, 14, 2), (128, 128, 32, 8), (128, 64, 32, 8)]
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: f"hd{s[0]}-rot{s[1]}-q{s[2]}-kv{s[3]}")
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("tokens", grid(TOKENS, DEFAULT_TOKENS))
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 def test_rotary_embedding(backend, reference, tokens, shape, dtype, neox):
     head_size, rot_dim, qh, kh = shape
@@ -180,7 +183,7 @@ MROPE_SHAPES = [(256, 64, (11, 11, 10), True, 24, 4), (128, 128, (24, 20, 20), T
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", MROPE_SHAPES, ids=lambda s: f"hd{s[0]}-rot{s[1]}-{s[2]}-{s[3]}")
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("tokens", grid(TOKENS, DEFAULT_TOKENS))
 def test_mrotary_embedding(cuda_vendor, reference, tokens, shape, dtype):
     """vendor.cuda's mRoPE (SGLang's Triton kernel) against the reference arithmetic in fp32,
     on multimodal [3, tokens] and text-only [tokens] positions, in place and not."""

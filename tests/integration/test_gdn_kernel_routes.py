@@ -1,0 +1,170 @@
+"""The accelerator route of SGLang's Gated DeltaNet kernels (ledger ``route:gdn-kernels``):
+SGLang's real ``TritonGDNKernel`` and ``gdn_backend`` module, their methods and globals replaced
+by ``sglang_glue.gdn.install_kernel_routes``, called here on CPU tensors as SGLang's GDN backend
+calls them on a GPU. The GDN ops they reach are the reference's (pinned, strict), so each routed
+call must equal the reference op on the same inputs, update the state pool in place, log its
+``[OOT-DISPATCH]`` line, and hand calls the standard op cannot express back to SGLang's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+import torch
+
+from sglang_fl.dispatch.backends import reference_gdn as ref
+
+pytestmark = pytest.mark.integration
+
+H, HV, DK, DV = 2, 4, 16, 8
+
+
+@pytest.fixture(scope="module")
+def routed(sglang_with_plugin):
+    """The adapter's kernel class and backend module with the routes installed; SGLang's own
+    methods and globals put back afterwards."""
+    from sglang_fl.sglang_glue import gdn
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    module_name, class_name = adapter.GDN_KERNEL_CLASS.split(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    backend = importlib.import_module(adapter.GDN_BACKEND_MODULE)
+    saved = ([(cls, n, cls.__dict__[n]) for n in gdn.KERNEL_METHODS]
+             + [(backend, n, getattr(backend, n)) for n in gdn.BACKEND_GLOBALS])
+    gdn.install_kernel_routes(adapter)
+    yield cls(), backend
+    for owner, name, original in saved:
+        setattr(owner, name, original)
+
+
+def _inputs(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q = torch.randn(1, total, H, DK, generator=g)
+    k = torch.randn(1, total, H, DK, generator=g)
+    v = torch.randn(1, total, HV, DV, generator=g)
+    a, b = torch.randn(total, HV, generator=g), torch.randn(total, HV, generator=g)
+    a_log, dt_bias = torch.rand(HV, generator=g) * 2 - 1, torch.randn(HV, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    pool = 0.1 * torch.randn(6, HV, DV, DK, generator=g)
+    return q, k, v, a, b, a_log, dt_bias, cu, pool
+
+
+def test_every_method_and_global_the_route_replaces_is_routed(routed):
+    kernel, backend = routed
+    from sglang_fl.sglang_glue import gdn
+
+    for name in gdn.KERNEL_METHODS:
+        assert getattr(type(kernel), name).__sglang_fl_routed__, name
+    for name in gdn.BACKEND_GLOBALS:
+        assert getattr(backend, name).__sglang_fl_routed__, name
+
+
+def test_extend_runs_the_chunk_op_on_the_pool_slots_and_writes_them_back(routed, caplog):
+    kernel, _ = routed
+    q, k, v, a, b, a_log, dt_bias, cu, pool = _inputs([70, 5])
+    g, beta = ref.gdn_gating(a_log, a, b, dt_bias)
+    slots = torch.tensor([4, 1], dtype=torch.int32)
+    work = pool.clone()
+    with caplog.at_level(logging.INFO, logger="sglang_fl"):
+        out, final, h = kernel.extend(q, k, v, g, beta, ssm_states=work, cache_indices=slots,
+                                      query_start_loc=cu)
+    want_out, want_final = ref.chunk_gated_delta_rule(q, k, v, g, beta, pool[slots.long()], cu)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(work[slots.long()], want_final)
+    untouched = [i for i in range(pool.shape[0]) if i not in (4, 1)]
+    assert torch.equal(work[untouched], pool[untouched])
+    assert final is None and h is None
+    assert any("TritonGDNKernel.extend → reference(reference)" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_decode_and_packed_decode_equal_the_recurrent_op(routed):
+    kernel, _ = routed
+    q, k, v, a, b, a_log, dt_bias, cu, pool = _inputs([1, 1, 1], seed=1)
+    slots = torch.tensor([2, -1, 5], dtype=torch.int32)
+    want_pool = pool.clone()
+    want = ref.recurrent_gated_delta_rule(q, k, v, a, b, a_log, dt_bias, want_pool, slots, cu)
+    work = pool.clone()
+    got = kernel.decode(q, k, v, a, b, A_log=a_log, dt_bias=dt_bias, ssm_states=work,
+                        cache_indices=slots, query_start_loc=cu)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(work, want_pool)
+    mixed = torch.cat((q[0].reshape(3, -1), k[0].reshape(3, -1), v[0].reshape(3, -1)), dim=-1)
+    packed_pool = pool.clone()
+    got = kernel.packed_decode(mixed, a, b, A_log=a_log, dt_bias=dt_bias, scale=DK ** -0.5,
+                               ssm_states=packed_pool, cache_indices=slots, num_v_heads=HV,
+                               head_v_dim=DV)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(packed_pool, want_pool)
+
+
+def test_gating_and_conv_globals_run_the_ops(routed):
+    _, backend = routed
+    q, k, v, a, b, a_log, dt_bias, cu, _ = _inputs([9, 4], seed=2)
+    g, beta = backend.fused_gdn_gating(a_log, a, b, dt_bias)
+    want_g, want_beta = ref.gdn_gating(a_log, a, b, dt_bias)
+    torch.testing.assert_close(g, want_g)
+    torch.testing.assert_close(beta, want_beta)
+
+    gen = torch.Generator().manual_seed(3)
+    dim, width = 12, 4
+    x = torch.randn(dim, 13, generator=gen)
+    weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    states = torch.randn(3, dim, width - 1, generator=gen)
+    slots, has = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([True, False])
+    work, want_states = states.clone(), states.clone()
+    out = backend.causal_conv1d_fn(x, weight, bias, activation="silu", conv_states=work,
+                                   has_initial_state=has, cache_indices=slots,
+                                   query_start_loc=cu, seq_lens_cpu=[9, 4])
+    want = ref.causal_conv1d(x, weight, bias, want_states, cu, slots, has, "silu")
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(work, want_states)
+
+    xt = torch.randn(2, dim, generator=gen)
+    work, want_states = states.clone(), states.clone()
+    out = backend.causal_conv1d_update(xt, work, weight, bias, "silu", conv_state_indices=slots)
+    want = ref.causal_conv1d_update(xt, want_states, weight, bias, "silu", slots)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(work, want_states)
+
+
+def test_calls_the_standard_ops_cannot_express_go_to_sglangs_own(routed, caplog, monkeypatch):
+    """A speculative-verification conv update (intermediate windows) and a multi-item-scoring
+    extend (inplace_update=False) reach SGLang's original function, logged as left to SGLang."""
+    kernel, backend = routed
+    seen = []
+    original = backend.causal_conv1d_update.__wrapped__
+    from sglang_fl.sglang_glue import gdn
+
+    def sglang_own(*args, **kwargs):
+        seen.append(sorted(kwargs))
+        return "sglang's"
+
+    monkeypatch.setattr(backend, "causal_conv1d_update", functools_wraps(original)(
+        gdn._routed_conv_update(sglang_own)))
+    x, state = torch.randn(1, 4), torch.randn(1, 4, 3)
+    with caplog.at_level(logging.INFO, logger="sglang_fl"):
+        got = backend.causal_conv1d_update(x, state, torch.randn(4, 4), None, "silu",
+                                           conv_state_indices=torch.tensor([0]),
+                                           intermediate_conv_window=torch.zeros(1))
+    assert got == "sglang's" and seen == [["conv_state_indices", "intermediate_conv_window"]]
+    assert any("gdn_backend.causal_conv1d_update → left to SGLang (intermediate_conv_window)"
+               in r.getMessage() for r in caplog.records)
+
+    calls = []
+    extend = gdn._routed_extend(lambda self, *a, **kw: calls.append(kw) or ("own", None, None))
+    q, k, v, a, b, a_log, dt_bias, cu, pool = _inputs([3])
+    g, beta = ref.gdn_gating(a_log, a, b, dt_bias)
+    assert extend(kernel, q, k, v, g, beta, ssm_states=pool, cache_indices=torch.tensor([0]),
+                  query_start_loc=cu, inplace_update=False)[0] == "own"
+    assert calls and calls[0]["inplace_update"] is False
+
+
+def functools_wraps(fn):
+    import functools
+
+    return functools.wraps(fn)
