@@ -44,6 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired_stats import summarize_pairs  # noqa: E402
 
+from sglang_fl.models.config import read_config, text_settings  # noqa: E402
+
 ANCHOR = "native-L1off"
 METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 
@@ -55,6 +57,15 @@ _ALL_CLASSES = ("SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding,MRotaryEmbeddin
 _OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "silu_and_mul",
         "topk", "fused_moe")
 
+
+
+def model_vocab(model_path) -> int:
+    """The checkpoint's vocabulary size (multimodal configs keep it under text_config)."""
+    cfg = text_settings(read_config(model_path))
+    if not isinstance(cfg.get("vocab_size"), int):
+        raise SystemExit(f"{model_path}/config.json has no integer vocab_size (top level or "
+                         "text_config)")
+    return cfg["vocab_size"]
 
 def _every_op(kind):
     """SGLANG_FL_PER_OP pinning every op that ``kind`` implements to it (a per-op list in the
@@ -178,7 +189,7 @@ def hf_greedy(model_path, ids, new_tokens):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # Qwen3.5/3.6 checkpoints are image-text models (weights under model.language_model).
-    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = read_config(model_path)
     auto = (transformers.AutoModelForImageTextToText if "vision_config" in config
             else transformers.AutoModelForCausalLM)
     model = auto.from_pretrained(model_path).to(device).eval()
@@ -295,7 +306,7 @@ def main(argv=None):
         SERVER_ARGS[:] = shlex.split(args.server_args)
     else:
         SERVER_ARGS[4:4] = _version_args()  # after the attention/sampling backends
-    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    vocab = model_vocab(args.model)
 
     t0 = time.time()
     cms, servers, errors = start_all(configs, args.model, args.mem_fraction, args.log_dir,

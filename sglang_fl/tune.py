@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_fl.dispatch.ops import GDN_OPS, OPS, OpSpec
+from sglang_fl.models.config import text_settings
 
 KIND_ORDER = ("flagos", "vendor", "reference")
 
@@ -95,7 +96,7 @@ class ModelShapes:
             raise TuneError(f"--model {str(path)!r}: {cfg_path} is not readable JSON: {exc}") from None
         if not isinstance(cfg, dict):
             raise TuneError(f"--model {str(path)!r}: {cfg_path} must hold a JSON object")
-        cfg = {**cfg, **(cfg.get("text_config") or {})}  # multimodal configs nest the LM's
+        cfg = text_settings(cfg)  # multimodal configs nest the LM's
 
         def need(key):
             if not isinstance(cfg.get(key), (int, float)) or isinstance(cfg.get(key), bool):

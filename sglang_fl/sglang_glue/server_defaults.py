@@ -12,12 +12,11 @@ change.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-from pathlib import Path
 
 from sglang_fl.dispatch.backends import real_module_available
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.models.config import read_config, text_settings
 from sglang_fl.sglang_glue.adapters import get_adapter
 
 logger = get_logger("platform")
@@ -40,22 +39,14 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "attention")
 def model_is_hybrid(model_path) -> bool | None:
     """Whether the model at ``model_path`` has recurrent-state layers, from its config.json;
     None when that cannot be read here (a hub name, say)."""
-    cfg_path = Path(str(model_path)) / "config.json"
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = text_settings(read_config(model_path))
     except (OSError, ValueError):
         return None
-    if not isinstance(cfg, dict):
-        return None
-    for part in (cfg, cfg.get("text_config") or {}):
-        if not isinstance(part, dict):
-            continue
-        if any(key in part for key in HYBRID_CONFIG_KEYS):
-            return True
-        layer_types = part.get("layer_types")
-        if isinstance(layer_types, list) and any(t not in ATTENTION_LAYER_TYPES for t in layer_types):
-            return True
-    return False
+    if any(key in cfg for key in HYBRID_CONFIG_KEYS):
+        return True
+    layer_types = cfg.get("layer_types")
+    return isinstance(layer_types, list) and any(t not in ATTENTION_LAYER_TYPES for t in layer_types)
 
 
 def remember_user_choices(server_args, *args, **kwargs):
