@@ -22,6 +22,15 @@
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
 #   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
+#   verify   the whole GPU check of one SGLang bundle inside one device call (~9 minutes):
+#            install; JIT warm (restored from $JIT_CACHE_TGZ when given, else pre-built);
+#            the default GPU suite (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke
+#            (defaults vs SGLang's own kernels where the bundle has them, else vs FlagGems for
+#            every op); then empty mode (dense, MoE, the tiny and the 27B-shaped hybrids);
+#            savejit. Each step's duration goes to $OUT/verify-durations.txt.
+#
+#   OUT=/tmp/out benchmarks/gpu_session.sh verify                      # SGLang 0.5.11 bundle
+#   OUT=/tmp/out BUNDLE=wheels/gpu-0.5.23 benchmarks/gpu_session.sh verify
 set -uo pipefail
 
 OUT=${OUT:-/tmp/gpu-out}
@@ -140,6 +149,41 @@ stage_tune() {
 
 stage_savejit() {
   tar -czf "$OUT/jit-cache.tgz" -C "$TVM_FFI_CACHE_DIR" . && ls -la "$OUT/jit-cache.tgz"
+}
+
+timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to verify-durations.txt
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  echo "$name $((SECONDS - t0)) s rc=$rc" | tee -a "$OUT/verify-durations.txt"
+  return $rc
+}
+
+stage_verify() {
+  : > "$OUT/verify-durations.txt"
+  timed install stage_install || return 1
+  if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
+    log "JIT cache restored by install: no prebuild"
+  else
+    JIT_ARGS=${JIT_ARGS:-} timed jit stage_jit
+  fi
+  local configs=fl-defaults,native-L1off
+  "$PY" -c "import importlib.metadata as m; m.version('sglang-kernel')" 2>/dev/null \
+    || configs=fl-defaults,flagos-L1off  # no SGLang kernels in this bundle (0.5.23: empty mode)
+  MODEL_PRESET=qwen2.5-0.5b timed model stage_model
+  # The smoke serves while the suite runs: a smoke, not a measurement (e2e and ops stages are).
+  (E2E_TIMEOUT=${SMOKE_TIMEOUT:-200} E2E_ARGS="--configs $configs --repeats 3 --new-tokens 32 \
+     --mem-fraction 0.2" timed smoke stage_e2e > "$OUT/smoke.log" 2>&1) &
+  local smoke=$!
+  PYTEST_ARGS="-n ${VERIFY_WORKERS:-6} ${PYTEST_ARGS:-}" TESTS_TIMEOUT=${TESTS_TIMEOUT:-300} \
+    timed tests stage_tests
+  wait "$smoke"; tail -n 25 "$OUT/smoke.log"
+  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-330} timed emptymode stage_emptymode
+  timed savejit stage_savejit
+  # The device tool returns 8 files: the rest of the logs go back as one tarball.
+  (cd "$OUT" && tar -czf verify-logs.tgz --exclude=jit-cache.tgz --exclude=verify-logs.tgz -- * \
+     && rm -f gpu-tests.xml e2e.log e2e-logs.tgz smoke.log)
+  cat "$OUT/verify-durations.txt"
 }
 
 for stage in "$@"; do

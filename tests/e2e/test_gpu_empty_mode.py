@@ -1,6 +1,8 @@
 """Empty mode on an NVIDIA GPU: SGLang without sglang-kernel, flashinfer and apache-tvm-ffi
-serves through sglang-fl, and never calls a stand-in: the dense tiny Qwen2, and the tiny
-Qwen3-MoE whose router and experts run on FlagGems (``topk`` / ``fused_moe`` on flagos).
+serves through sglang-fl, and never calls a stand-in: the dense tiny Qwen2, the tiny
+Qwen3-MoE whose router and experts run on FlagGems (``topk`` / ``fused_moe`` on flagos), and the
+Qwen3.5 hybrids (tiny, and Qwen3.6-27B's layer shapes) whose Gated DeltaNet kernels all go
+through sglang-fl's GDN ops.
 
 Runs only on a CUDA host whose SGLang install really lacks those packages (the point of the
 test); on CI's CPU machine it skips. Layer 1 is off (``USE_FLAGGEMS=0``) to isolate what this
@@ -86,3 +88,66 @@ def test_empty_install_serves_moe_on_cuda_with_flaggems(moe_model, moe_prompt_id
     parted = near_tie_divergences(moe_model, moe_prompt_ids, [g[:8] for g in got],
                                   [h[:8] for h in hf], device="cuda")
     assert all(margin < 5e-2 for _, _, margin in parted), parted
+
+
+#: SGLang's GDN kernel entry points on a GPU (ledger route:gdn-kernels); the decode one is
+#: packed_decode where SGLang's kernel class offers it, else decode.
+GDN_ENTRIES = ("TritonGDNKernel.extend", "gdn_backend.fused_gdn_gating",
+               "gdn_backend.causal_conv1d_fn", "gdn_backend.causal_conv1d_update")
+
+
+def _check_gdn_routed(lines):
+    entries = {line.split()[1] for line in lines}
+    missing = [e for e in GDN_ENTRIES if e not in entries]
+    assert not missing, f"GDN entry points that never reached the dispatch: {missing}\n{lines}"
+    assert entries & {"TritonGDNKernel.packed_decode", "TritonGDNKernel.decode"}, lines
+    left = [line for line in lines if "left to SGLang" in line]
+    assert not left, left
+
+
+def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tmp_path_factory,
+                                                                              tmp_path):
+    """The tiny Qwen3.5 (Gated DeltaNet + gated attention): served on the GPU with decode CUDA
+    graphs, every GDN kernel call goes through sglang-fl's ops (no stand-in), and the greedy ids
+    equal HF's on the same GPU away from near-ties."""
+    from e2e_support import PROMPT_TEXTS, hf_greedy_ids
+    from transformers import AutoTokenizer
+
+    from sglang_fl.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3.5", preset="qwen3.5")
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [tok(t)["input_ids"] for t in PROMPT_TEXTS]
+    hf = hf_greedy_ids(model, prompts, image_text=True)
+    with serve(model, tmp_path, USE_FLAGGEMS="0") as srv:
+        got = greedy_ids(srv, prompts)
+        log = srv.log_text()
+    lines = dispatch_lines(tmp_path)
+    print("served:", got, "\nhf:", hf, "\ndispatch:", lines)
+    assert standin_calls_in(log) == []
+    _check_gdn_routed(lines)
+    parted = near_tie_divergences(model, prompts, [g[:8] for g in got], [h[:8] for h in hf],
+                                  device="cuda")
+    assert all(margin < 5e-2 for _, _, margin in parted), parted
+
+
+def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
+    """Qwen3.6-27B's real layer shapes (4 of its layers, bf16, random weights): serves in empty
+    mode with the GDN core on sglang-fl's ops and no stand-in called."""
+    from sglang_fl.models import make_tiny_model
+
+    from e2e_support import hermetic_env, launched_server
+
+    # 4 of its layers (3 GDN, 1 gated attention) and a 32k vocabulary keep the checkpoint that
+    # is written here small; the layers are the real model's.
+    model = make_tiny_model(tmp_path_factory.mktemp("model") / "qwen3.6-27b-4l",
+                            preset="qwen3.6-27b", num_layers=4, vocab_size=32768)
+    with launched_server(model, ("--dtype", "bfloat16"), hermetic_env(tmp_path, USE_FLAGGEMS="0"),
+                         log_path=tmp_path / "server.log", timeout=400) as srv:
+        got = greedy_ids(srv, [[1, 2, 3, 4, 5, 6, 7, 8], list(range(100, 230))])
+        log = srv.log_text()
+    lines = dispatch_lines(tmp_path)
+    print("served:", got, "\ndispatch:", lines)
+    assert standin_calls_in(log) == []
+    assert all(len(ids) == MAX_NEW_TOKENS for ids in got), got
+    _check_gdn_routed(lines)
