@@ -278,8 +278,9 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "mixed_qkv's dtype: recurrent_gated_delta_rule of the B rows of mixed_qkv "
             "[B, 2 * H * K + HV * V] (each row q | k | v, heads contiguous; HV, V, K from the "
             "pool state [slots, HV, V, K], H from the rest), one token per sequence, a, b "
-            "[B, HV], sequence n reading and writing state[state_indices[n]] in place "
-            "(negative: zeros, not written)."),
+            "[B, HV], sequence n reading and writing state[state_indices[n]] in place; a "
+            "negative index is a padded row: no state read or written, its output unspecified "
+            "(SGLang's kernel writes zeros)."),
         serves=(),
         called_as=("TritonGDNKernel.packed_decode",),
         tolerance=GDN_TOLERANCE,
