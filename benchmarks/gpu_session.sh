@@ -100,8 +100,12 @@ stage_repro() {
 }
 
 stage_emptymode() {
-  log "empty mode: uninstall sglang-kernel apache-tvm-ffi, then the served GPU test"
-  "$PY" -m pip uninstall -q -y sglang-kernel apache-tvm-ffi
+  # SGLang 0.5.23's OpenAI server imports xgrammar, which needs apache-tvm-ffi: its empty mode
+  # keeps that package (the bundle has no sglang-kernel); 0.5.11's runs without both.
+  local drop=(sglang-kernel apache-tvm-ffi)
+  ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1 || drop=(sglang-kernel)
+  log "empty mode: uninstall ${drop[*]}, then the served GPU test"
+  "$PY" -m pip uninstall -q -y "${drop[@]}" 2>/dev/null
   timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q -s \
     -p no:cacheprovider -o addopts="-rfEs" 2>&1 | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }

@@ -29,8 +29,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
-if any(installed(d) for d in ("sglang-kernel", "sgl-kernel", "flashinfer-python", "apache-tvm-ffi")):
-    pytest.skip("sglang-kernel/flashinfer/apache-tvm-ffi installed: not an empty install",
+def _sglang_at_least(version) -> bool:
+    import importlib.metadata
+
+    parts = importlib.metadata.version("sglang").split(".")[:3]
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) >= version
+
+
+# SGLang 0.5.23 needs apache-tvm-ffi for xgrammar (its OpenAI server imports it): there, empty
+# mode is without sglang-kernel and flashinfer only.
+_ABSENT = ("sglang-kernel", "sgl-kernel", "flashinfer-python") + (
+    () if _sglang_at_least((0, 5, 23)) else ("apache-tvm-ffi",))
+if any(installed(d) for d in _ABSENT):
+    pytest.skip(f"one of {', '.join(_ABSENT)} installed: not an empty install",
                 allow_module_level=True)
 
 
@@ -134,9 +145,9 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
 def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
     """Qwen3.6-27B's real layer shapes (4 of its layers, bf16, random weights): serves in empty
     mode with the GDN core on sglang-fl's ops and no stand-in called."""
-    from sglang_fl.models import make_tiny_model
-
     from e2e_support import hermetic_env, launched_server
+
+    from sglang_fl.models import make_tiny_model
 
     # 4 of its layers (3 GDN, 1 gated attention) and a 32k vocabulary keep the checkpoint that
     # is written here small; the layers are the real model's.
