@@ -85,7 +85,8 @@ SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        "test_tp2_pp2_serves_the_same_greedy_ids_as_one_process",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
-                       "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py")
+                       "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",
+                       "tests/e2e/test_startup_errors.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:

@@ -203,7 +203,7 @@ def remove(*names: str) -> None:
 BAD_INPUTS = (
     # (what, docker run options, launch_server args, exit status, message in the log)
     ("missing model path", [], ["--model-path", "/models/absent"], 2,
-     "model path /models/absent does not exist in this container"),
+     "model path /models/absent does not exist"),
     ("wrong platform name", ["-e", "SGLANG_FL_PLATFORM=nvidia"],
      ["--model-path", f"/models/{MODEL_NAME}"], 2,
      "SGLANG_FL_PLATFORM='nvidia' is not accepted"),

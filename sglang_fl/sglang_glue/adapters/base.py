@@ -96,6 +96,10 @@ class SGLangAdapter:
     #: Server-args dataclass init: a BEFORE hook records which options the user set (None: the
     #: version keeps the user's input itself, see `user_choices`).
     SERVER_ARGS_POST_INIT: str | None = "sglang.srt.server_args.ServerArgs.__post_init__"
+    #: The first ``ServerArgs`` method that runs with the user's arguments and before SGLang
+    #: reads the model: a BEFORE hook there makes the start-up checks (model path) of
+    #: ``sglang_glue/startup_checks.py``.
+    SERVER_ARGS_CHECK: str = "sglang.srt.server_args.ServerArgs.__post_init__"
     #: Layer 3: the collectives of this class are delegated to CommunicatorFL.
     GROUP_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 
