@@ -339,6 +339,10 @@ class SGLangAdapter:
         return list(zip(names, procs, strict=True))
 
     # -- SGLang bug fixes (compat/fixes.py) -----------------------------------------------------
+    #: Whether a clean SIGTERM stop ends with SGLang SIGKILLing launch_server itself (status -9;
+    #: ledger ``fix:sigterm_exit_status``). 0.5.23 stops the children only, then exits 0.
+    SIGTERM_STOP_KILLS_ITSELF: bool = False
+
     def request_time_stats_class(self) -> type:
         return self.module("req_time_stats").APIServerReqTimeStats
 
