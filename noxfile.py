@@ -54,7 +54,7 @@ VENDORS = ("cuda", "ascend", "musa")
 DOCKERFILES = (*(f"docker/{v}/Dockerfile" for v in ("cpu", *VENDORS)),
                "docker/cuda/substitute-base.Dockerfile")
 COMPOSE_FILES = ("compose.yaml", *(f"compose.{v}.yaml" for v in ("cpu", *VENDORS)))
-SHELL_SCRIPTS = ("docker/entrypoint.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
+SHELL_SCRIPTS = ("docker/entrypoint.sh", "docker/build_steps.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
 WORKFLOW = "ci/github-actions.yml"
 
 # How `docker run` hands each vendor's devices to the smoke container.
