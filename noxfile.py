@@ -54,7 +54,7 @@ VENDORS = ("cuda", "ascend", "musa")
 DOCKERFILES = (*(f"docker/{v}/Dockerfile" for v in ("cpu", *VENDORS)),
                "docker/cuda/substitute-base.Dockerfile")
 COMPOSE_FILES = ("compose.yaml", *(f"compose.{v}.yaml" for v in ("cpu", *VENDORS)))
-SHELL_SCRIPTS = ("docker/entrypoint.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
+SHELL_SCRIPTS = ("docker/entrypoint.sh", "docker/build_steps.sh", "ci/cpu-pipeline.sh", "ci/gpu-smoke.sh", ".ci/run")
 WORKFLOW = "ci/github-actions.yml"
 
 # How `docker run` hands each vendor's devices to the smoke container.
@@ -76,8 +76,9 @@ DEVICE_ARGS = {
 # What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
 # GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
 # ids equal HF and the [OOT-DISPATCH] lines (dense, MoE, the Qwen3.5 hybrids incl. chunked prefill,
-# other architectures, image input without torchvision); the rest of tests/e2e (server
-# variants, lifecycle, near ties, demo) and tests/packaging do not change with the SGLang version and run in
+# other architectures, image input without torchvision), the start-up errors and how a server
+# ends (exit statuses differ per version); the rest of tests/e2e (server variants, near ties,
+# demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        # TP=2 x PP=2 (four processes on CI's two cores) runs in `tests` only
@@ -85,7 +86,8 @@ SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        "test_tp2_pp2_serves_the_same_greedy_ids_as_one_process",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
-                       "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py")
+                       "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",
+                       "tests/e2e/test_startup_errors.py", "tests/e2e/test_server_lifecycle.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:

@@ -203,7 +203,7 @@ def remove(*names: str) -> None:
 BAD_INPUTS = (
     # (what, docker run options, launch_server args, exit status, message in the log)
     ("missing model path", [], ["--model-path", "/models/absent"], 2,
-     "model path /models/absent does not exist in this container"),
+     "model path /models/absent does not exist"),
     ("wrong platform name", ["-e", "SGLANG_FL_PLATFORM=nvidia"],
      ["--model-path", f"/models/{MODEL_NAME}"], 2,
      "SGLANG_FL_PLATFORM='nvidia' is not accepted"),
@@ -260,6 +260,12 @@ def image_cpu(session) -> None:
             raise ImageCheckError("no [OOT-DISPATCH] line in the server log: plugin not loaded?")
         session.log("dispatch: " + "; ".join(ln.split("[OOT-DISPATCH]")[1].strip()
                                              for ln in dispatch))
+        # A clean stop is no crash: `docker stop` (SIGTERM, drain) leaves exit status 0.
+        _docker("stop", "--time", "60", name, timeout=120)
+        status = _docker("inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip()
+        if status != "0":
+            raise ImageCheckError(f"docker stop: exit status {status}, wanted 0:\n{logs(name, 40)}")
+        session.log("docker stop: exit status 0")
         remove(name)
         check_bad_inputs(session, image, model_dir)
     except ImageCheckError as exc:

@@ -1,9 +1,10 @@
 """What ``load_plugin`` does in every SGLang process: validate Settings, then install each layer.
 
 Order matters: Settings first (a bad value must stop start-up with its message rather than be
-logged and ignored by SGLang's plugin loader), then the adapter of the installed SGLang version
+logged and ignored by SGLang's plugin loader; the message is the image preflight's), then the adapter of the installed SGLang version
 (an unsupported version stops start-up naming the installed and supported ones), then Layer 1,
-the vendors' attention backends (before SGLang parses ``--attention-backend``), then the hooks
+the vendors' attention backends (before SGLang parses ``--attention-backend``), the start-up
+checks of the server arguments (model path: ``sglang_glue/startup_checks.py``), then the hooks
 of Layers 2 and 3, which SGLang applies right after all plugins ran. Layer 2 resolves every routed op here, so an
 op that no backend can serve under the policy (e.g. ``SGLANG_FL_STRICT=1`` with an unavailable
 preferred kind) stops start-up too, with every such op in one message.
@@ -11,8 +12,8 @@ preferred kind) stops start-up too, with every such op in one message.
 
 from __future__ import annotations
 
-from sglang_fl.config import SettingsError, get_settings
 from sglang_fl.logging_setup import configure_logging, get_logger
+from sglang_fl.preflight import PreflightError, load_settings
 
 logger = get_logger("plugin")
 _installed = False
@@ -40,17 +41,18 @@ def install() -> None:
     if _installed:
         return
     try:
-        settings = get_settings()
-    except SettingsError as exc:
-        logger.error("invalid sglang-fl configuration: %s", exc)
-        raise ConfigurationExit(f"sglang-fl: invalid configuration: {exc}") from exc
+        settings = load_settings()
+    except PreflightError as exc:  # the entrypoint's preflight refuses it in the same words
+        logger.error("%s", exc)
+        raise ConfigurationExit(f"sglang-fl: {exc}") from exc
     configure_logging(settings.log_level)
     adapter = require_adapter()
     _installed = True
 
     from sglang_fl.aten import enable_layer1
-    from sglang_fl.sglang_glue import server_defaults
+    from sglang_fl.sglang_glue import server_defaults, startup_checks
 
+    adapter.register_hook(adapter.SERVER_ARGS_CHECK, startup_checks.check_server_args, "before")
     if adapter.SERVER_ARGS_POST_INIT:
         adapter.register_hook(adapter.SERVER_ARGS_POST_INIT, server_defaults.remember_user_choices,
                               "before")

@@ -1,14 +1,24 @@
-"""Checks the image entrypoint makes before it starts SGLang's ``launch_server``.
+"""Start-up checks: what must hold before SGLang loads anything, each failing in seconds with
+one message saying what to fix.
+
+Two callers share these functions, so the image entrypoint and a plain
+``launch_server`` started by hand refuse the same input with the same words:
+
+- the image entrypoint runs this module before ``launch_server`` (below);
+- the plugin runs `check_model_path` when SGLang builds its ``ServerArgs``
+  (``sglang_glue/startup_checks.py``) and `load_settings` when SGLang loads it.
 
 A container that is given a bad model path, a bad ``SGLANG_FL_*`` value or a leader it cannot
-reach should stop within seconds with one message saying what to fix, never sit in a retry loop
-(SGLang would try to download a missing local path from the Hub; a worker node waits up to its
-distributed timeout, 30 minutes by default, for a leader that is not there).
+reach should stop within seconds, never sit in a retry loop (SGLang would try to download a
+missing local path from the Hub, and on 0.5.23 it fails deep in its config code with "Repo id
+must be in the form ..."; a worker node waits up to its distributed timeout, 30 minutes by
+default, for a leader that is not there).
 
     python -m sglang_fl.preflight [--leader-timeout S] -- LAUNCH_SERVER_ARGS...
 
 Exit status: 0 fine, 2 bad configuration or model path, 3 the leader cannot be reached.
-Standard library plus sglang_fl's settings only: no torch, no SGLang import (it runs in ~0.1 s).
+Standard library, sglang_fl's settings and (for the Hub cache) huggingface_hub where it is
+installed: no torch, no SGLang import (it runs in ~0.2 s).
 """
 
 from __future__ import annotations
@@ -20,11 +30,22 @@ import socket
 import sys
 import time
 
-#: A Hugging Face Hub id (``org/name``), which SGLang downloads when it is not a local path.
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: A Hugging Face Hub id (``name`` or ``org/name``, as huggingface_hub's ``validate_repo_id``
+#: accepts it), which SGLang downloads when no local path of that name exists.
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+#: Model sources SGLang reads itself (object stores, Run:ai streamer): never a local path.
+REMOTE_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: Configurations SGLang can load a local model folder from (HF layout, Mistral's own).
+MODEL_CONFIG_FILES = ("config.json", "params.json")
+#: ``--model-path`` values SGLang takes for "no model" (its own argument tests use them).
+DUMMY_MODELS = ("none", "dummy")
 
 
-class PreflightError(RuntimeError):
+class PreflightError(ValueError):
+    """A start-up input that cannot work; ``status`` is the preflight's exit status. A
+    ValueError, so that where the plugin raises it inside SGLang's argument handling it reads
+    as the bad argument it is."""
+
     def __init__(self, message: str, status: int = 2):
         super().__init__(message)
         self.status = status
@@ -34,6 +55,7 @@ def _server_options(argv: list[str]) -> argparse.Namespace:
     """The few launch_server options the checks need (spellings as in SGLang 0.5.11)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--model-path", "--model", dest="model_path")
+    parser.add_argument("--revision")
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
@@ -41,23 +63,65 @@ def _server_options(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
-def check_settings() -> str:
-    """Every SGLANG_FL_* value and YAML key, validated by the plugin's own loader."""
+def load_settings():
+    """The Settings, every SGLANG_FL_* value and YAML key validated by the plugin's own loader;
+    a bad one raises PreflightError naming it (the plugin stops SGLang with the same words)."""
     from sglang_fl.config import SettingsError, get_settings
 
     try:
-        settings = get_settings()
+        return get_settings()
     except SettingsError as exc:
         raise PreflightError(f"invalid sglang-fl configuration: {exc}") from None
-    return f"platform {settings.platform}"
 
 
-def check_model_path(model_path: str | None) -> str:
+def check_settings() -> str:
+    return f"platform {load_settings().platform}"
+
+
+def hub_offline() -> tuple[bool, str]:
+    """Whether huggingface_hub (which SGLang and transformers download through) may download,
+    as it decides it (``HF_HUB_OFFLINE``, or transformers' ``TRANSFORMERS_OFFLINE``), and how
+    to name that setting in a message."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False, "HF_HUB_OFFLINE unknown (huggingface_hub not installed)"
+    if constants.HF_HUB_OFFLINE:
+        return True, "HF_HUB_OFFLINE=1, downloads off"
+    return False, "HF_HUB_OFFLINE unset, downloads on"
+
+
+def _hub_cached(repo_id: str, revision: str | None) -> bool:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return False
+    return True
+
+
+def looks_local(model_path: str) -> bool:
+    """A path, not a Hub id: absolute, ``./``/``../``/``~``-relative, with more than one
+    ``/``, or anything huggingface_hub would refuse as a repo id."""
+    return (model_path.startswith(("/", ".", "~")) or model_path.count("/") > 1
+            or not HUB_ID.match(model_path) or "--" in model_path or ".." in model_path)
+
+
+def check_model_path(model_path: str | None, revision: str | None = None) -> str:
+    """``model_path`` as SGLang will read it: an existing local model folder or file, a
+    remote source SGLang fetches itself, or a Hub id it may download (or finds in the cache
+    when downloads are off). Anything else raises PreflightError naming the path, what is
+    there instead and the hub-offline setting."""
     if not model_path:
         raise PreflightError("launch_server needs --model-path (a directory mounted into the "
                              "container, e.g. -v /data/models:/models:ro --model-path /models/NAME)")
+    if model_path.lower() in DUMMY_MODELS:
+        return f"model {model_path} (SGLang loads no model)"
     if os.path.exists(model_path):
-        if os.path.isdir(model_path) and not os.path.isfile(os.path.join(model_path, "config.json")):
+        if os.path.isdir(model_path) and not any(
+                os.path.isfile(os.path.join(model_path, name)) for name in MODEL_CONFIG_FILES):
             raise PreflightError(f"model path {model_path} is a directory without config.json: "
                                  "point --model-path at the model's own folder")
         unreadable = _unreadable(model_path)
@@ -68,16 +132,33 @@ def check_model_path(model_path: str | None) -> str:
                 f"e.g. {unreadable[0]}: make the model readable to all (chmod -R a+rX on the "
                 "host) or run the container with a --user that owns it")
         return f"model {model_path}"
-    if HUB_ID.match(model_path) and not model_path.startswith((".", "~")):
-        return f"model {model_path} (not a local path: SGLang fetches it from the Hugging Face Hub)"
+    if REMOTE_SCHEME.match(model_path):
+        return f"model {model_path} (a remote source SGLang reads itself)"
+    offline, offline_note = hub_offline()
+    if not looks_local(model_path):
+        if not offline:
+            return f"model {model_path} (not a local path: SGLang fetches it from the Hugging Face Hub)"
+        if _hub_cached(model_path, revision):
+            return f"model {model_path} (from the Hugging Face cache; {offline_note})"
+        from huggingface_hub import constants
+
+        raise PreflightError(
+            f"model {model_path} is neither a local path nor in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and {offline_note} (HF_HUB_OFFLINE or "
+            "TRANSFORMERS_OFFLINE): download it first "
+            f"(hf download {model_path}{' --revision ' + revision if revision else ''}), unset "
+            "HF_HUB_OFFLINE, or pass the model's local folder as --model-path")
     parent = os.path.dirname(model_path.rstrip("/")) or "."
     seen = ""
     if os.path.isdir(parent):
         names = sorted(os.listdir(parent))[:10]
         seen = f"; {parent} holds: {', '.join(names) or 'nothing'}"
-    raise PreflightError(f"model path {model_path} does not exist in this container{seen}. "
-                         "Mount the model directory (docker run -v HOST_DIR:/models:ro, compose "
-                         "MODEL_DIR) and pass --model-path /models/<name>")
+    raise PreflightError(
+        f"model path {model_path} does not exist{seen}. A local path is never downloaded, "
+        f"whatever the hub-offline setting ({offline_note}); only a Hub id (org/name, e.g. "
+        "Qwen/Qwen2.5-0.5B-Instruct) is. Pass the "
+        "model's folder as --model-path; in a container, mount it first (docker run "
+        "-v HOST_DIR:/models:ro, compose MODEL_DIR) and pass --model-path /models/<name>")
 
 
 def _unreadable(path: str) -> list[str]:
@@ -123,7 +204,7 @@ def wait_for_leader(addr: str, rank: int, timeout: float, log=print) -> str:
 
 def run_checks(argv: list[str], leader_timeout: float, log=print) -> list[str]:
     opts = _server_options(argv)
-    notes = [check_settings(), check_model_path(opts.model_path)]
+    notes = [check_settings(), check_model_path(opts.model_path, opts.revision)]
     if opts.nnodes > 1 and opts.node_rank > 0:
         if not opts.dist_init_addr:
             raise PreflightError(f"node {opts.node_rank} of {opts.nnodes} needs --dist-init-addr "

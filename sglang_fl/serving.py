@@ -91,8 +91,9 @@ def log_tail(path: Path, lines: int = 40) -> str:
 @dataclass(frozen=True)
 class StopResult:
     """How a server ended. ``clean``: we stopped it with SIGTERM and it (with its whole process
-    group) was gone within the timeout. SGLang's launch_server ends a clean shutdown by
-    SIGKILLing its own process tree, so ``returncode`` is then -9, not 0: judge by ``clean``.
+    group) was gone within the timeout. ``returncode`` is then 0 with the plugin; plain SGLang
+    0.5.11 ends a clean shutdown by SIGKILLing its own process tree (-9; the compat ledger's
+    ``fix:sigterm_exit_status`` makes it 0), so judge by ``clean``.
     Not clean: it had died on its own before `stop`, exited with an error status, or had to be
     SIGKILLed after the timeout."""
 

@@ -116,6 +116,17 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    does not know. How: wrap ``XGrammarGrammar.apply_vocab_mask`` after import; the other device
    types get the mask in plain torch (`fixes`). Seen 2026-12-02 on CPU with xgrammar installed.
    Upstream: none. Remove when SGLang has a device-agnostic fallback.
+18. ``fix:sigterm_exit_status`` (SGLang 0.5.11, ``managers/tokenizer_manager.py``) -- a clean
+   stop is reported as a crash: after SIGTERM and the request drain, ``sigterm_watchdog`` calls
+   ``kill_process_tree(os.getpid(), include_parent=True)``, which SIGKILLs launch_server itself,
+   so it exits with -9 (``docker stop``: 137; a scaled-down Kubernetes pod shows Error). How:
+   wrap ``sigterm_watchdog`` to mark its drain, and rebind the module's ``kill_process_tree``:
+   called from that drain for the process itself (server not unhealthy), it stops the children
+   as SGLang does, then exits 0 (`fixes`); every other call (a child's SIGQUIT, a failed health
+   check) is SGLang's own, so a crash keeps its non-zero status. Only where the adapter's
+   ``SIGTERM_STOP_KILLS_ITSELF`` says so (0.5.23 already stops the children only and exits 0).
+   Seen 2026-12-02. Upstream: fixed in 0.5.23's rewrite of the drain. Remove with SGLang 0.5.11
+   support.
 
 18. ``route:gdn-kernels`` (``layers/attention/linear``) -- on accelerators, SGLang's Gated
    DeltaNet backend calls its own Triton kernels directly: ``TritonGDNKernel.extend`` /
@@ -223,6 +234,12 @@ LEDGER: tuple[Patch, ...] = (
           "scheduler on the first constrained request", "wrap XGrammarGrammar.apply_vocab_mask "
           "after import: other device types get the mask in torch", "none",
           "SGLang has a device-agnostic fallback"),
+    Patch("fix:sigterm_exit_status", "0.5.11's clean SIGTERM stop SIGKILLs launch_server itself "
+          "after the drain: status -9 (docker stop 137) for a stop that did not fail",
+          "wrap sigterm_watchdog and the module's kill_process_tree: called from the drain for "
+          "the process itself, stop the children, then exit 0; crashes keep SGLang's SIGKILL",
+          "fixed by 0.5.23's drain (children only, then sys.exit(0))",
+          "SGLang 0.5.11 support is dropped"),
     Patch("ops:sgl_kernel-gdn-cpu", "SGLang's CPU GDN backend looks up torch.ops.sgl_kernel "
           "GDN ops at import and calls sgl_kernel.mamba CPU kernels",
           "torch.library ops + functions on the sgl_kernel.mamba stand-in, calling sglang-fl's "

@@ -21,13 +21,27 @@ grammar mask (JSON schema, regex, EBNF) only on the device types it lists and ra
 constrained request. Which types SGLang lists is the adapter's ``GRAMMAR_MASK_DEVICES`` (0.5.11
 lacks ``cpu``; a new vendor's device type is never listed). The wrapper applies the mask in
 torch on the other device types and leaves SGLang's kernels to the listed ones.
+
+``sigterm_exit_status`` (SGLang 0.5.11; the adapter's ``SIGTERM_STOP_KILLS_ITSELF``): a clean
+stop (SIGTERM, requests drained) ends in ``sigterm_watchdog`` with
+``kill_process_tree(os.getpid(), include_parent=True)``, which SIGKILLs the children and then
+launch_server itself, so the process exits with status -9 (``docker stop``: 137, a scaled-down
+Kubernetes pod: Error) although nothing failed. The wrapper marks the drain (a context variable
+set by ``sigterm_watchdog``); the module's ``kill_process_tree``, called from within it for the
+process itself, stops the children as SGLang does and then exits with status 0. Every other
+call keeps SGLang's behaviour, so a crash (a child's SIGQUIT, a failed health check during the
+drain) still ends with SIGKILL and a non-zero status. 0.5.23 already ends its drain with
+``sys.exit(0)`` (or its server's stop hook) after stopping the children only.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
+import os
+import sys
 
 logger = logging.getLogger("sglang_fl.compat")
 
@@ -148,8 +162,65 @@ def fix_grammar_mask_device(module) -> None:
                  module.__name__, sorted(handled))
 
 
+#: The tokenizer manager whose SIGTERM drain is running in this task (``sigterm_exit_status``).
+_draining = contextvars.ContextVar("sglang_fl_sigterm_drain", default=None)
+
+
+def fix_sigterm_exit_status(module) -> None:
+    """``after`` hook of SGLang's tokenizer_manager module (idempotent; only where the adapter
+    says this version's clean stop SIGKILLs itself)."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    if not get_adapter().SIGTERM_STOP_KILLS_ITSELF:
+        return
+    manager = getattr(module, "TokenizerManager", None)
+    watchdog = getattr(manager, "sigterm_watchdog", None)
+    kill = getattr(module, "kill_process_tree", None)
+    status = getattr(module, "ServerStatus", None)
+    if not inspect.iscoroutinefunction(watchdog) or kill is None or status is None:
+        raise RuntimeError(
+            f"sglang-fl fix sigterm_exit_status: {module.__name__}.TokenizerManager."
+            "sigterm_watchdog (coroutine), kill_process_tree or ServerStatus no longer exists in "
+            "this SGLang version; check how its clean stop exits and update "
+            "sglang_fl/compat/fixes.py (and the adapter's SIGTERM_STOP_KILLS_ITSELF)")
+    if getattr(watchdog, FIXED_MARK, False):
+        return
+
+    @functools.wraps(watchdog)
+    async def sigterm_watchdog(self):
+        token = _draining.set(self)
+        try:
+            return await watchdog(self)
+        finally:
+            _draining.reset(token)
+
+    @functools.wraps(kill)
+    def kill_process_tree(parent_pid, include_parent=True, *args, **kwargs):
+        draining = _draining.get()
+        if (draining is None or not include_parent or parent_pid != os.getpid()
+                or draining.server_status == status.UnHealthy):
+            return kill(parent_pid, include_parent, *args, **kwargs)
+        try:
+            kill(parent_pid, include_parent=False, wait_timeout=30)
+        except RuntimeError as exc:  # a child SIGKILLed but not gone after 30 s
+            logger.warning("clean stop: %s", exc)
+        logger.info("clean stop: requests drained and children stopped; exiting with status 0 "
+                    "(sglang-fl fix sigterm_exit_status)")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    setattr(sigterm_watchdog, FIXED_MARK, True)
+    manager.sigterm_watchdog = sigterm_watchdog
+    module.kill_process_tree = kill_process_tree
+    applied.append("sigterm_exit_status")
+    logger.debug("fix: %s: a clean SIGTERM stop exits with status 0", module.__name__)
+
+
 def install() -> None:
     from sglang_fl.compat.module_hooks import add_hook
 
     add_hook(tokenizer_manager_module(), after=fix_request_state_leak)
+    add_hook(tokenizer_manager_module(), after=fix_sigterm_exit_status)
     add_hook(xgrammar_backend_module(), after=fix_grammar_mask_device)

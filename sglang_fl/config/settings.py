@@ -24,6 +24,7 @@ import yaml
 
 # Layer-2 op names and the SGLang classes that can be routed (by class name, as users type
 # them) come from the op table.
+from sglang_fl.dispatch.discovery import OPT_IN_VENDORS
 from sglang_fl.dispatch.ops import OP_NAMES, ROUTED_CLASSES, did_you_mean
 from sglang_fl.sglang_glue.versions import SUPPORTED_VERSIONS as SUPPORTED_SGLANG
 
@@ -283,6 +284,9 @@ FIELDS: tuple[Field, ...] = (
           "Vendor backends never used (e.g. cuda)."),
     Field("allow_vendors", "SGLANG_FL_ALLOW_VENDORS", "allow_vendors", _names(), (),
           "If set, only these vendor backends may be used."),
+    Field("enable_vendors", "SGLANG_FL_ENABLE_VENDORS", "enable_vendors", _names(OPT_IN_VENDORS), (),
+          "Opt-in vendor folders to load (template: the copy source's example ops and its "
+          "attention backend template_native); every other vendor loads where it is installed."),
     Field("dispatch_log", "SGLANG_FL_DISPATCH_LOG", "dispatch_log", _path, None,
           "File that receives the [OOT-DISPATCH] lines (appended)."),
     # Layer 1 -- FlagGems ATen replacement
@@ -340,6 +344,7 @@ class Settings:
     strict: bool
     deny_vendors: tuple[str, ...]
     allow_vendors: tuple[str, ...]
+    enable_vendors: tuple[str, ...]
     dispatch_log: str | None
     use_flaggems: bool
     flagos_whitelist: tuple[str, ...]

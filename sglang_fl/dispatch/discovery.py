@@ -1,7 +1,8 @@
 """Backend discovery, run once per process when the manager is built.
 
 Sources, in order: the built-in ``reference`` and ``flaggems`` backends; every
-``<name>/register_ops.py`` in the ``sglang_fl.dispatch.backends.vendor`` package; every entry
+``<name>/register_ops.py`` in the ``sglang_fl.dispatch.backends.vendor`` package (those of
+`OPT_IN_VENDORS` only when enabled by name); every entry
 point in the ``sglang_fl.vendors`` group (a vendor shipping its backend as its own package points
 it at a module with ``register_builtins(registry)``).
 
@@ -36,6 +37,12 @@ logger = get_logger("dispatch")
 
 VENDOR_ENTRY_POINT_GROUP = "sglang_fl.vendors"
 
+#: Vendor folders that register nothing unless enabled by name (Settings ``enable_vendors``,
+#: ``SGLANG_FL_ENABLE_VENDORS``): ``template`` is the copy source of a new vendor, and its
+#: example attention backend would otherwise be live in every production server. Listed here,
+#: not in the folder, so that a copy of the template is an ordinary vendor.
+OPT_IN_VENDORS = ("template",)
+
 
 def vendor_folders() -> list[str]:
     """Names of the folders of the vendor package that hold a ``register_ops.py``."""
@@ -43,8 +50,9 @@ def vendor_folders() -> list[str]:
                    and importlib.util.find_spec(f"{vendor.__name__}.{m.name}.register_ops")})
 
 
-def discover_backends(registry: OpRegistry) -> list[BackendStatus]:
-    """Register every available backend into ``registry``; one status per backend found."""
+def discover_backends(registry: OpRegistry, enabled_vendors: tuple[str, ...] = ()) -> list[BackendStatus]:
+    """Register every available backend into ``registry``; one status per backend found. A
+    folder of `OPT_IN_VENDORS` not named in ``enabled_vendors`` is not even imported."""
     from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
@@ -54,10 +62,14 @@ def discover_backends(registry: OpRegistry) -> list[BackendStatus]:
         statuses.append(_status(backend.impl_id(), backend.kind.value, backend,
                                 backend.implemented_ops() if ok else (), "built-in"))
 
+    folders = vendor_folders()
+    statuses += [BackendStatus(f"vendor.{name}", "vendor", False,
+                               f"opt-in, not enabled (SGLANG_FL_ENABLE_VENDORS={name} enables it)")
+                 for name in folders if name in OPT_IN_VENDORS and name not in enabled_vendors]
     sources = [(name, f"built-in {vendor.__name__}.{name}.register_ops",
                 lambda name=name: importlib.import_module(f"{vendor.__name__}.{name}.register_ops"),
                 f"{vendor.__name__}.{name}")
-               for name in vendor_folders()]
+               for name in folders if name not in OPT_IN_VENDORS or name in enabled_vendors]
     sources += [(ep.name, f"entry point {ep.value}", ep.load, ep.module.rpartition(".")[0] or ep.module)
                 for ep in entry_points(group=VENDOR_ENTRY_POINT_GROUP)]
     for name, origin, load, package in sources:

@@ -285,8 +285,9 @@ def get_manager() -> OpManager:
                 from sglang_fl.config import get_settings
 
                 registry = OpRegistry()
-                manager = OpManager(registry, SelectionPolicy.from_settings(get_settings()))
-                for status in discover_backends(registry):
+                settings = get_settings()
+                manager = OpManager(registry, SelectionPolicy.from_settings(settings))
+                for status in discover_backends(registry, settings.enable_vendors):
                     manager.record_backend(status)
                 _manager = manager
     return _manager

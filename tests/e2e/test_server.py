@@ -31,6 +31,13 @@ def server(tiny_model, run_dir):
     assert srv.stop_result.clean, srv.stop_result
 
 
+def test_the_template_vendor_is_absent_unless_enabled(server):
+    """The copy-source vendor registers nothing (no ops, no template_native) by default
+    (tests/e2e/test_vendor_attention.py enables it by name)."""
+    log = server.log_text()
+    assert "template_native" not in log and "vendor.template" not in log
+
+
 def test_health(server):
     status, _ = server.request("GET", "/health")
     assert status == 200

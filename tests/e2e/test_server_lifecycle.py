@@ -1,5 +1,8 @@
 """How a served process ends: SIGTERM after requests SGLang 0.5.11 used to leak (compat ledger
-``fix:request_state_leak``), and a server launched from a worker thread (serving._spawn)."""
+``fix:request_state_leak``) with status 0 (``fix:sigterm_exit_status``: 0.5.11 SIGKILLed
+itself), also through the image entrypoint; a crashed child keeps a non-zero status; and a
+server launched from a worker thread (serving._spawn). Runs on both SGLang versions
+(noxfile's SGLANG_0_5_23_TESTS)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 from e2e_support import SERVER_ARGS, process_env, serve
+
+from sglang_fl.serving import free_port
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.e2e
@@ -59,9 +66,65 @@ def test_requests_sglang_used_to_leak_do_not_block_a_sigterm_stop(tiny_model, tm
         start = time.monotonic()
     seconds = time.monotonic() - start
     assert srv.stop_result.clean, (srv.stop_result, srv.log_text()[-3000:])
+    assert srv.stop_result.returncode == 0, srv.stop_result  # a clean stop is no crash
     assert seconds < 15, srv.stop_result
     assert _group(pgid) == []
     assert "Remaining number of requests 0" in srv.log_text()
+
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "docker" / "entrypoint.sh"
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def test_the_image_entrypoint_stopped_by_sigterm_exits_0(tiny_model, tmp_path):
+    """What ``docker stop`` does to the container's process (the entrypoint execs SGLang)."""
+    port, log = free_port("127.0.0.1"), tmp_path / "server.log"
+    env = process_env(tmp_path, SGLANG_FL_PYTHON=sys.executable,
+                      SGLANG_FL_PORT_FILE=str(tmp_path / "port"))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(ENTRYPOINT), "launch_server", "--model-path", str(tiny_model),
+                                 "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS],
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        _wait_healthy(proc, port, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert "sglang-fl preflight: ok" in log.read_text()
+    finally:
+        for child in _group(proc.pid):
+            child.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_crashed_scheduler_keeps_a_non_zero_status(tiny_model, tmp_path):
+    with serve(tiny_model, tmp_path) as srv:
+        launcher = psutil.Process(srv.process.pid)
+        schedulers = [c for c in launcher.children() if "scheduler" in " ".join(c.cmdline()).lower()
+                      or "scheduler" in c.name().lower()]
+        victim = (schedulers or launcher.children())[0]
+        victim.send_signal(signal.SIGKILL)
+        try:
+            status = srv.process.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"launch_server outlived its scheduler by 60 s:\n{srv.log_text()[-3000:]}")
+    assert status != 0, srv.log_text()[-3000:]
+    assert not srv.stop_result.clean
 
 
 OWNER = textwrap.dedent("""

@@ -1,6 +1,7 @@
 """A vendor folder's attention backend, by name, in a real server on CPU.
 
-The template vendor registers ``template_native``, which delegates to SGLang's ``torch_native``.
+The template vendor, once enabled by name (``SGLANG_FL_ENABLE_VENDORS=template``; by default
+it registers nothing), registers ``template_native``, which delegates to SGLang's ``torch_native``.
 Made the default through sglang-fl's configuration (``attention_backend`` in a YAML, what a
 vendor's platform YAML does), it is built by the server and serves the greedy ids of HF
 transformers -- which test_server.py shows the default ``torch_native`` server serves, so the
@@ -23,7 +24,7 @@ def test_template_attention_backend_as_the_configured_default_serves(tiny_model,
                                                                      hf_ids, tmp_path):
     cfg = tmp_path / "vendor.yaml"
     cfg.write_text("attention_backend: template_native\n")
-    with serve(tiny_model, tmp_path, SGLANG_FL_CONFIG=str(cfg)) as srv:
+    with serve(tiny_model, tmp_path, SGLANG_FL_CONFIG=str(cfg), SGLANG_FL_ENABLE_VENDORS="template") as srv:
         assert greedy_ids(srv, prompt_ids) == hf_ids
         log = srv.log_text()
     assert f"server default: attention_backend='template_native' (attention_backend from yaml {cfg}" \
@@ -35,7 +36,8 @@ def test_template_attention_backend_as_the_configured_default_serves(tiny_model,
 def launch_and_fail(model, tmp_path, args=(), **env):
     return subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", "1",
-         *args], env=process_env(tmp_path, **env), stdout=subprocess.PIPE,
+         *args], env=process_env(tmp_path, **{"SGLANG_FL_ENABLE_VENDORS": "template", **env}),
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
 
 

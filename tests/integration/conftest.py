@@ -16,6 +16,8 @@ PINNED_ENV = {
     "SGLANG_FL_PLATFORM": "cpu",
     "SGLANG_FL_PREFER": "reference",
     "SGLANG_FL_STRICT": "1",
+    # The attention-backend tests use the template's example backend, which is opt-in.
+    "SGLANG_FL_ENABLE_VENDORS": "template",
 }
 
 

@@ -39,6 +39,21 @@ def test_config_json_shows_values_and_origins(tmp_path):
     assert data["log_level"] == {"value": "INFO", "origin": "default"}
 
 
+def test_the_template_vendor_loads_only_when_enabled_by_name():
+    proc = cli("ops", "--json", env={"SGLANG_FL_PLATFORM": "cpu", "SGLANG_FL_ENABLE_VENDORS": "template"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    backends = {b["name"]: b for b in data["backends"]}
+    assert backends["vendor.template"]["detail"].startswith("template backend")
+    # no ops, but its example attention backend, which needs nothing but SGLang
+    assert backends["vendor.template"]["attention_backends"] == ["template_native"]
+    assert data["attention_backends"] == [
+        {"name": "template_native", "vendor": "vendor.template", "excluded": ""}]
+    proc = cli("ops", env={"SGLANG_FL_ENABLE_VENDORS": "cuda"})
+    assert proc.returncode == 2
+    assert "SGLANG_FL_ENABLE_VENDORS has unknown name(s) 'cuda'; accepted: template" in proc.stderr
+
+
 def test_config_text_and_bad_value():
     proc = cli("config", env={"SGLANG_FL_PLATFORM": "cpu"})
     assert proc.returncode == 0 and "prefer" in proc.stdout and "(platform cpu.yaml)" in proc.stdout
@@ -54,11 +69,11 @@ def test_ops_json_on_this_cpu_explains_every_choice():
     backends = {b["name"]: b for b in data["backends"]}
     assert backends["reference"]["available"]
     assert not backends["flagos"]["available"] and "flag_gems" in backends["flagos"]["detail"]
-    assert backends["vendor.template"]["detail"].startswith("template backend")
-    # no ops, but its example attention backend, which needs nothing but SGLang
-    assert backends["vendor.template"]["attention_backends"] == ["template_native"]
-    assert data["attention_backends"] == [
-        {"name": "template_native", "vendor": "vendor.template", "excluded": ""}]
+    # the copy-source template registers nothing unless enabled by name
+    assert backends["vendor.template"]["detail"] == (
+        "opt-in, not enabled (SGLANG_FL_ENABLE_VENDORS=template enables it)")
+    assert backends["vendor.template"]["attention_backends"] == []
+    assert data["attention_backends"] == []
     assert data["attention_backend_default"] is None
     assert list(data["ops"]) == list(OP_NAMES)  # every op of the table
     for spec in OPS:

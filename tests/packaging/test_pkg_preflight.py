@@ -5,6 +5,7 @@ input stops a container in seconds with the reason instead of SGLang hanging or 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -40,9 +41,9 @@ def test_missing_model_path_names_the_path_and_the_fix(model):
     absent = model.parent / "Qwen2.5-7B"
     r = preflight_cli("--", "--model-path", str(absent))
     assert r.returncode == 2
-    assert f"model path {absent} does not exist in this container; {model.parent} holds: tiny" \
-        in r.stderr
+    assert f"model path {absent} does not exist; {model.parent} holds: tiny" in r.stderr
     assert "-v HOST_DIR:/models:ro" in r.stderr
+    assert "(HF_HUB_OFFLINE unset, downloads on)" in r.stderr
     r = preflight_cli("--")
     assert r.returncode == 2 and "launch_server needs --model-path" in r.stderr
 
@@ -53,6 +54,45 @@ def test_a_folder_without_config_and_a_hub_id(model):
     r = preflight_cli("--", "--model-path", "Qwen/Qwen2.5-0.5B-Instruct")
     assert r.returncode == 0
     assert "not a local path: SGLang fetches it from the Hugging Face Hub" in r.stderr
+
+
+@pytest.mark.parametrize("path", ["gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "s3://bucket/model",
+                                  "dummy"])
+def test_what_sglang_reads_itself_passes(path):
+    """A one-word Hub id (gpt2) and a remote source are not missing local paths."""
+    assert preflight.check_model_path(path).startswith(f"model {path} (")
+
+
+@pytest.mark.parametrize("path", ["./tiny", "../models/tiny", "/models/tiny", "a/b/c", "~/tiny",
+                                  "org--x/name"])
+def test_a_path_that_looks_local_and_is_absent_is_refused(path):
+    with pytest.raises(preflight.PreflightError, match=f"model path {re.escape(path)} does not "
+                       "exist.*A local path is never downloaded, whatever the hub-offline setting"):
+        preflight.check_model_path(path)
+
+
+def test_with_downloads_off_a_hub_id_must_be_in_the_cache(tmp_path):
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--org--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--org--cached" / "refs").mkdir()
+    (cache / "models--org--cached" / "refs" / "main").write_text("0" * 40)
+    code = ("import sys; from sglang_fl import preflight as p\n"
+            "try: print(p.check_model_path(sys.argv[1]))\n"
+            "except p.PreflightError as e: print('error:', e)")
+    def check(model, **env):
+        clean = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+        return run([sys.executable, "-c", code, model], env={**clean, "HF_HUB_CACHE": str(cache),
+                                                             **env}, timeout=60).stdout
+    assert "fetches it from the Hugging Face Hub" in check("org/absent")
+    out = check("org/absent", HF_HUB_OFFLINE="1")
+    assert out.startswith(f"error: model org/absent is neither a local path nor in the Hugging "
+                          f"Face cache ({cache}), and HF_HUB_OFFLINE=1, downloads off"), out
+    assert "hf download org/absent" in out
+    assert "from the Hugging Face cache" in check("org/cached", HF_HUB_OFFLINE="1")
+    assert "error: model path /models/x does not exist" in check("/models/x", HF_HUB_OFFLINE="1")
+    assert "(HF_HUB_OFFLINE=1, downloads off)" in check("/models/x", HF_HUB_OFFLINE="1")
 
 
 def test_unreadable_model_files_are_named(model, monkeypatch):

@@ -72,8 +72,9 @@ def test_the_installed_adapters_names_exist_in_the_installed_sglang():
     adapter = get_adapter()
     for name in adapter.LAYER_CLASSES:
         assert isinstance(adapter.layer_class(name), type), name
-    owner, _, method = adapter.DISPATCH_HOOK_TARGET.rpartition(".")
-    assert callable(getattr(adapter.resolve(owner), method))
+    for target in (adapter.DISPATCH_HOOK_TARGET, adapter.SERVER_ARGS_CHECK):
+        owner, _, method = target.rpartition(".")
+        assert callable(getattr(adapter.resolve(owner), method)), target
     for key in adapter.MODULES:
         adapter.module(key)
     assert all(callable(p) or isinstance(p, type) for p in adapter.tensor_dict_parts())

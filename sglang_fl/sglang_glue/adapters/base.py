@@ -96,6 +96,10 @@ class SGLangAdapter:
     #: Server-args dataclass init: a BEFORE hook records which options the user set (None: the
     #: version keeps the user's input itself, see `user_choices`).
     SERVER_ARGS_POST_INIT: str | None = "sglang.srt.server_args.ServerArgs.__post_init__"
+    #: The first ``ServerArgs`` method that runs with the user's arguments and before SGLang
+    #: reads the model: a BEFORE hook there makes the start-up checks (model path) of
+    #: ``sglang_glue/startup_checks.py``.
+    SERVER_ARGS_CHECK: str = "sglang.srt.server_args.ServerArgs.__post_init__"
     #: Layer 3: the collectives of this class are delegated to CommunicatorFL.
     GROUP_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 
@@ -348,6 +352,10 @@ class SGLangAdapter:
         return list(zip(names, procs, strict=True))
 
     # -- SGLang bug fixes (compat/fixes.py) -----------------------------------------------------
+    #: Whether a clean SIGTERM stop ends with SGLang SIGKILLing launch_server itself (status -9;
+    #: ledger ``fix:sigterm_exit_status``). 0.5.23 stops the children only, then exits 0.
+    SIGTERM_STOP_KILLS_ITSELF: bool = False
+
     def request_time_stats_class(self) -> type:
         return self.module("req_time_stats").APIServerReqTimeStats
 

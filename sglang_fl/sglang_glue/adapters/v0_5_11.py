@@ -18,6 +18,8 @@ from sglang_fl.sglang_glue.adapters.base import (
 
 class SGLang0511(SGLangAdapter):
     version = "0.5.11"
+    # sigterm_watchdog ends with kill_process_tree(os.getpid(), include_parent=True).
+    SIGTERM_STOP_KILLS_ITSELF = True
     DISPATCH_HOOK_TARGET = "sglang.srt.layers.utils.multi_platform.MultiPlatformOp.dispatch_forward"
     KERNELS = {
         **SGLangAdapter.KERNELS,

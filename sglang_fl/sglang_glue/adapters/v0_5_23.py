@@ -25,7 +25,7 @@ What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
   a CPU without AMX too: rebound to the unfused math on CPU (``CPU_NATIVE_SWAPS``).
 - ``GroupCoordinator.all_gatherv`` takes an ``output`` buffer (CommunicatorFL accepts it).
 - ``ServerArgs`` is a msgspec Struct: a hook on its ``__post_init__`` never runs (msgspec binds
-  it when the type is made), fields are ``msgspec.structs.fields``, and resolution keeps the
+  it when the type is made; the start-up checks hook ``resolve_once`` instead), fields are ``msgspec.structs.fields``, and resolution keeps the
   user's input in ``_raw_input`` while it declares defaults (a platform's
   ``apply_server_args_defaults`` gets a recorder that reads through to the record).
 - ``--mamba-scheduler-strategy`` became ``--mamba-radix-cache-strategy``, whose ``auto`` picks
@@ -106,6 +106,9 @@ class SGLang0523(SGLangAdapter):
     # The xgrammar backend applies grammar masks on CPU too (xgrammar's own CPU kernel).
     GRAMMAR_MASK_DEVICES = SGLangAdapter.GRAMMAR_MASK_DEVICES | {"cpu"}
     SERVER_ARGS_POST_INIT = None
+    # Construction leaves the record unresolved; launchers call resolve_once, whose pipeline
+    # loads the model config (muse_spark_hook) before any platform hook runs.
+    SERVER_ARGS_CHECK = "sglang.srt.server_args.ServerArgs.resolve_once"
     # "auto" picks the extra-buffer mamba radix cache whenever overlap scheduling is on, and then
     # refuses it on CPU (no state snapshots there): a hybrid model would not start.
     # no_buffer then needs overlap scheduling off (0.5.11 turns it off on CPU itself).

@@ -21,8 +21,10 @@
    ``attention.py``, and ``attention_backend: <name>`` in the platform YAML to make it the
    platform's default.
 
-This template registers no ops (``is_available()`` is always False) and one attention backend,
-``template_native``, which delegates to SGLang's ``torch_native``.
+This folder registers nothing unless a user enables it by name (``SGLANG_FL_ENABLE_VENDORS=
+template``; its name is in ``dispatch/discovery.py``'s ``OPT_IN_VENDORS``, so a copy of it is an
+ordinary vendor). Enabled, it registers no ops (``is_available()`` is always False) and one
+attention backend, ``template_native``, which delegates to SGLang's ``torch_native``.
 """
 
 from __future__ import annotations

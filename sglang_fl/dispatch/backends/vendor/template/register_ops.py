@@ -1,5 +1,6 @@
 """Registers the template vendor backend's ops when its runtime is present, and its example
-attention backend (which needs only SGLang, so it is registered everywhere)."""
+attention backend (which needs only SGLang). Discovery imports this module only where the user
+enabled the template (``SGLANG_FL_ENABLE_VENDORS=template``)."""
 
 from sglang_fl.dispatch.backends import register_backend
 from sglang_fl.dispatch.backends.vendor.template.attention import ATTENTION
