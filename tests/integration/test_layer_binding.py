@@ -44,10 +44,8 @@ def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, ca
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "'rms_norm'" in warnings[0] and "'flagos'" in warnings[0]
     assert "unsupported shape" in warnings[0]
-    assert log.read_text().splitlines() == [
-        "[OOT-DISPATCH] RMSNorm → flagos(flagos)",
-        "[OOT-DISPATCH] RMSNorm → reference(reference)",
-    ]
+    # flagos never returned a result: only the route that ran is logged.
+    assert log.read_text().splitlines() == ["[OOT-DISPATCH] RMSNorm → reference(reference)"]
 
 
 def test_strict_runtime_failure_propagates(sglang_with_plugin):
