@@ -14,6 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from sglang_fl import metrics
 from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
@@ -35,6 +36,8 @@ class ResolvedOp:
     #: The token bucket whose own order (``op@bucket``) this resolution follows; None: the
     #: op's order for every bucket without one.
     bucket: str | None = None
+    #: The token buckets that run this resolution (for the metrics).
+    buckets: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -57,6 +60,9 @@ class ResolvedOp:
                     self.op_name, impl.impl_id, type(exc).__name__, exc,
                     nxt.impl_id if nxt else "nothing",
                 )
+                metrics.record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "raised")
+                for b in self.buckets if nxt else ():
+                    metrics.record_route(self.op_name, b, nxt.impl_id)
             if not self.candidates:
                 raise NoImplementationError(
                     f"No available implementation for op {self.op_name!r}: every candidate failed "
@@ -130,8 +136,11 @@ class OpManager:
         order = self.policy.accepted_kinds(op_name, bucket)
         passed_over = tuple((k, self.why_no_candidate(op_name, k, sel, bucket))
                             for k in order[:order.index(chosen_kind)])
+        buckets = tuple(b for b, _ in self.policy.token_buckets if self._own_bucket(op_name, b) == bucket)
+        for b in buckets:
+            metrics.record_route(op_name, b, sel.candidates[0].impl_id)
         return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict,
-                          passed_over=passed_over, bucket=bucket)
+                          passed_over=passed_over, bucket=bucket, buckets=buckets)
 
     def resolve_all(self, op_names) -> dict[str, ResolvedOp]:
         """Resolve every op in ``op_names`` (start-up): log, once, each op that runs on a later
@@ -163,6 +172,8 @@ class OpManager:
         for r in resolved.values():
             if r.passed_over:
                 logger.warning("%s", describe_passed_over(r))
+            for kind, _ in r.passed_over:
+                metrics.record_fallback(r.op_name, kind, r.impl.impl_id, "unavailable")
         return resolved
 
     def skipped(self, op_name: str, sel: Selection | None = None,
