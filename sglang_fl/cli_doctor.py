@@ -61,9 +61,10 @@ def _dispatch_lines(d: dict) -> list[str]:
     from sglang_fl.config.settings import format_buckets
 
     buckets = format_buckets((b["name"], b["max_tokens"]) for b in d["token_buckets"])
-    out = [f"Layer 2     backends: " + "; ".join(
-        f"{b['name']} {'available' if b['available'] else 'unavailable (' + b['detail'] + ')'}"
-        for b in d["backends"])]
+    out = ["Layer 2     backends:"]
+    out += [f"              {b['name']:<16} " + (f"available ({len(b['ops'])} ops)" if b["available"]
+                                                  else f"unavailable: {b['detail']}")
+            for b in d["backends"]]
     out.append(f"            token buckets {buckets} (from {d['token_buckets_from']}); "
                f"routed at start-up: {', '.join(d['needed']) or 'nothing (Layer 2 off)'}")
     for op, e in d["ops"].items():

@@ -137,22 +137,6 @@ def snapshot() -> dict:
                 "standins": dict(_standins), "collectives": dict(_collectives)}
 
 
-def info_labels() -> dict[str, str]:
-    """The labels of ``sglang_fl_info`` in this process."""
-    from sglang_fl.compat import state
-    from sglang_fl.config import get_settings
-    from sglang_fl.distributed import resolve_backend
-    from sglang_fl.install_info import installed_versions
-
-    settings = get_settings()
-    versions = installed_versions()
-    return {"version": versions["sglang_fl"], "sglang": versions["sglang"],
-            "torch": versions["torch"], "flag_gems": versions["flag_gems"],
-            "platform": settings.platform, "dist_backend": resolve_backend(settings),
-            "empty_mode": "true" if state.standins else "false",
-            "standins": ",".join(state.standins)}
-
-
 class _Exporter:
     """The prometheus_client objects of this process (built by `start_export`)."""
 
@@ -181,15 +165,16 @@ class _Exporter:
         self.routes.labels(op, bucket, new).set(1)
 
 
-def start_export(dispatch: bool) -> None:
-    """Export this process's series from now on (idempotent). ``dispatch``: also routes,
-    fallbacks and collectives (a scheduler process, which runs the model)."""
+def start_export(info: dict[str, str], dispatch: bool) -> None:
+    """Export this process's series from now on (idempotent). ``info``: the labels of
+    ``sglang_fl_info``; ``dispatch``: also routes, fallbacks and collectives (a scheduler
+    process, which runs the model)."""
     global _exporter
     with _lock:
         if _exporter is not None:
             return
         exporter = _Exporter(dispatch)
-        exporter.info.labels(**info_labels()).set(1)
+        exporter.info.labels(**info).set(1)
         for name, n in _standins.items():
             exporter.standins.labels(name).inc(n)
         if dispatch:

@@ -14,12 +14,12 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from sglang_fl import metrics
 from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendStatus, NoImplementationError, OpImpl
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.metrics import record_fallback, record_route
 
 logger = get_logger("dispatch")
 
@@ -60,9 +60,9 @@ class ResolvedOp:
                     self.op_name, impl.impl_id, type(exc).__name__, exc,
                     nxt.impl_id if nxt else "nothing",
                 )
-                metrics.record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "raised")
+                record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "raised")
                 for b in self.buckets if nxt else ():
-                    metrics.record_route(self.op_name, b, nxt.impl_id)
+                    record_route(self.op_name, b, nxt.impl_id)
             if not self.candidates:
                 raise NoImplementationError(
                     f"No available implementation for op {self.op_name!r}: every candidate failed "
@@ -138,7 +138,7 @@ class OpManager:
                             for k in order[:order.index(chosen_kind)])
         buckets = tuple(b for b, _ in self.policy.token_buckets if self._own_bucket(op_name, b) == bucket)
         for b in buckets:
-            metrics.record_route(op_name, b, sel.candidates[0].impl_id)
+            record_route(op_name, b, sel.candidates[0].impl_id)
         return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict,
                           passed_over=passed_over, bucket=bucket, buckets=buckets)
 
@@ -173,7 +173,7 @@ class OpManager:
             if r.passed_over:
                 logger.warning("%s", describe_passed_over(r))
             for kind, _ in r.passed_over:
-                metrics.record_fallback(r.op_name, kind, r.impl.impl_id, "unavailable")
+                record_fallback(r.op_name, kind, r.impl.impl_id, "unavailable")
         return resolved
 
     def skipped(self, op_name: str, sel: Selection | None = None,

@@ -8,15 +8,16 @@ from __future__ import annotations
 import pytest
 from tests.integration.conftest import run_python
 
-from sglang_fl import metrics
+import sglang_fl.metrics as metrics
 
 pytestmark = pytest.mark.integration
 
 CHILD = r'''
 import torch, torch.distributed as dist
-from sglang_fl import metrics
+import sglang_fl.metrics as metrics
 from sglang_fl.compat.standins import Standin, StandinCalledError
 from sglang_fl.distributed.communicator import CommunicatorFL, TorchEngine
+from sglang_fl.sglang_glue.metrics_export import info_labels
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 group = dist.new_group([0])
@@ -29,7 +30,7 @@ try:
     Standin("sgl_kernel.rmsnorm")(x)
 except StandinCalledError:
     pass
-metrics.start_export(dispatch=True)
+metrics.start_export(info_labels(), dispatch=True)
 for _ in range(4):
     comm.all_reduce(x)
 comm.broadcast(x, 0)
