@@ -6,9 +6,9 @@ after their export starts; the merged counts must be the sums, the info series o
 from __future__ import annotations
 
 import pytest
-from tests.integration.conftest import run_python
 
 import sglang_fl.metrics as metrics
+from tests.integration.conftest import run_python
 
 pytestmark = pytest.mark.integration
 
