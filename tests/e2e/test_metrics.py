@@ -10,13 +10,13 @@ on every call (``raised``: the first call falls back to reference for good).
 from __future__ import annotations
 
 import importlib.metadata
-import textwrap
 
 import pytest
 from e2e_support import SERVER_ARGS, greedy_ids, hermetic_env
 
 from sglang_fl.dispatch.ops import OPS
 from sglang_fl.serving import launched_server
+from tests.integration.vendor_package import write_vendor_package
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.e2e
@@ -25,33 +25,10 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def raising_vendor(tmp_path_factory):
     """An installed vendor package (entry point ``sglang_fl.vendors``) whose silu_and_mul raises."""
-    root = tmp_path_factory.mktemp("raising-vendor")
-    pkg = root / "raising_fl_vendor"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "register_ops.py").write_text(textwrap.dedent('''
-        from sglang_fl.dispatch.backends import Backend, register_backend
-
-        class RaisingBackend(Backend):
-            name = "raising"
-
-            def is_available(self):
-                return True
-
-            def silu_and_mul(self, obj, x):
-                raise RuntimeError("kernel launch failed (test vendor)")
-
-        BACKEND = RaisingBackend()
-
-        def register_builtins(registry):
-            register_backend(registry, BACKEND)
-    '''))
-    dist = root / "raising_fl_vendor-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raising-fl-vendor\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[sglang_fl.vendors]\nraising = raising_fl_vendor.register_ops\n")
-    return root
+    return write_vendor_package(tmp_path_factory.mktemp("raising-vendor"), "raising", methods="""
+        def silu_and_mul(self, obj, x):
+            raise RuntimeError("kernel launch failed (test vendor)")
+        """)
 
 
 @pytest.fixture(scope="module")
