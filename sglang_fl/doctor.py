@@ -110,6 +110,7 @@ def _layer1(settings, findings: _Findings) -> dict:
 def _dispatch(settings, findings: _Findings) -> dict:
     """The ``sglang-fl ops`` report, plus the ops Layer 2 will resolve at start-up."""
     from sglang_fl.dispatch import NoImplementationError, get_manager
+    from sglang_fl.dispatch.manager import describe_passed_over
     from sglang_fl.dispatch.report import ops_report
 
     report = ops_report()
@@ -123,14 +124,13 @@ def _dispatch(settings, findings: _Findings) -> dict:
     needed = [op for op, e in report["ops"].items() if e["routed"] or e["called_as"]]
     report["needed"] = needed
     try:
-        get_manager().resolve_all(needed)
+        resolved = get_manager().resolve_all(needed)
     except NoImplementationError as exc:
         findings.error("dispatch", str(exc))
-    for op in needed:
-        entry = report["ops"][op]
-        for p in entry.get("preferred_unavailable", ()):
-            findings.warn("dispatch", f"{op}: preferred {p['kind']} unavailable ({p['why']}); "
-                                      f"using {entry['chosen']}")
+        return report
+    for r in resolved.values():  # each bucket's own order too; the server logs the same line
+        if r.passed_over:
+            findings.warn("dispatch", describe_passed_over(r))
     return report
 
 

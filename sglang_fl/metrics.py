@@ -130,7 +130,7 @@ def flush_collectives() -> None:
 
 
 def snapshot() -> dict:
-    """What this process recorded so far (tests, ``sglang-fl doctor``)."""
+    """What this process recorded so far (tests; a debugger in a live process)."""
     flush_collectives()
     with _lock:
         return {"routes": dict(_routes), "fallbacks": dict(_fallbacks),
