@@ -1,8 +1,9 @@
 """What ``nox -s image-cpu`` and ``nox -s compose-cpu`` do with a real Docker engine.
 
 image-cpu    build flagos/sglang-fl:cpu (engine and base image made here if missing), run the
-             smoke suite inside it, `sglang-fl doctor` (verdict ok), serve the tiny model with `docker run ... launch_server`,
-             send one /v1/chat/completions request from the host, check the HEALTHCHECK turns
+             smoke suite inside it and `sglang-fl doctor` (verdict ok), serve the tiny model
+             with `docker run ... launch_server`, send one /v1/chat/completions request from
+             the host, check the HEALTHCHECK turns
              healthy, and check that bad input (missing model, wrong platform name, unreachable
              leader) stops a container within seconds with its reason.
 compose-cpu  the compose `pair` layout with compose.cpu.yaml: TP=2 over two containers on the
