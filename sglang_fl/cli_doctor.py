@@ -41,8 +41,10 @@ def format_report(r: dict) -> str:
         lines += [f"              {p['name']:<30} {p['why']}" for p in e["ledger"]]
     if "layer1" in r:
         one = r["layer1"]
-        what = (f"on ({one['mode']}: {', '.join(one['ops']) or 'no exceptions'}): {one['reason']}"
-                if one["enabled"] else f"off: {one['reason']}")
+        ops = ", ".join(one["ops"]) or "none"
+        what = ("off: " + one["reason"] if not one["enabled"] else
+                f"on (only_enable): only {ops}" if one["mode"] == "only_enable" else
+                f"on (enable): every FlagGems ATen op except {ops}")
         lines.append(f"Layer 1     {what}")
     if "dispatch" in r:
         lines += _dispatch_lines(r["dispatch"])
