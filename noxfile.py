@@ -76,8 +76,9 @@ DEVICE_ARGS = {
 # What `tests-sglang-0.5.23` runs: every test that exercises SGLang itself (its layers, its
 # GroupCoordinator, its served engine, TP=2 over gloo) and the served e2e cases that prove greedy
 # ids equal HF and the [OOT-DISPATCH] lines (dense, MoE, the Qwen3.5 hybrids incl. chunked prefill,
-# other architectures, image input without torchvision), the start-up errors and how a server
-# ends (exit statuses differ per version); the rest of tests/e2e (server variants, near ties,
+# other architectures, image input without torchvision), the start-up errors, how a server
+# ends (exit statuses differ per version) and the sglang_fl_* series on /metrics (SGLang's
+# metrics collectors are hook targets); the rest of tests/e2e (server variants, near ties,
 # demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
 SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
@@ -87,7 +88,8 @@ SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
                        "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",
-                       "tests/e2e/test_startup_errors.py", "tests/e2e/test_server_lifecycle.py")
+                       "tests/e2e/test_startup_errors.py", "tests/e2e/test_server_lifecycle.py",
+                       "tests/e2e/test_metrics.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:

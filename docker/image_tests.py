@@ -1,8 +1,9 @@
 """What ``nox -s image-cpu`` and ``nox -s compose-cpu`` do with a real Docker engine.
 
 image-cpu    build flagos/sglang-fl:cpu (engine and base image made here if missing), run the
-             smoke suite inside it, serve the tiny model with `docker run ... launch_server`,
-             send one /v1/chat/completions request from the host, check the HEALTHCHECK turns
+             smoke suite inside it and `sglang-fl doctor` (verdict ok), serve the tiny model
+             with `docker run ... launch_server`, send one /v1/chat/completions request from
+             the host, check the HEALTHCHECK turns
              healthy, and check that bad input (missing model, wrong platform name, unreachable
              leader) stops a container within seconds with its reason.
 compose-cpu  the compose `pair` layout with compose.cpu.yaml: TP=2 over two containers on the
@@ -241,6 +242,13 @@ def image_cpu(session) -> None:
         session.run("docker", "run", "--rm", "--ipc=host", image, "smoke", "--no-skip",
                     external=True)
         session.log(f"smoke suite inside {image}: passed in {time.monotonic() - start:.0f} s")
+        # the suite's doctor check accepts warnings (a device image may pass over a kind for
+        # some op); the CPU image has none to have: its verdict must be ok
+        doctor = _docker("run", "--rm", image, "sglang-fl", "doctor", "--json", check=False)
+        if doctor.returncode != 0:
+            session.error(f"sglang-fl doctor in {image} exited {doctor.returncode}: "
+                          f"{(doctor.stdout + doctor.stderr)[-2000:]}")
+        session.log(f"sglang-fl doctor in {image}: {json.loads(doctor.stdout)['verdict']}")
 
         model_dir = make_model_dir(image)
         port = free_port()

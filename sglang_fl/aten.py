@@ -61,23 +61,33 @@ def enable_layer1(settings: Settings) -> Layer1Status:
     return _status
 
 
-def _enable(settings: Settings) -> Layer1Status:
+def layer1_plan(settings: Settings) -> Layer1Status:
+    """What `enable_layer1` does here, without doing it (``sglang-fl doctor`` shows it)."""
     if not settings.use_flaggems:
         return Layer1Status(False, f"USE_FLAGGEMS=0 ({settings.origins.get('use_flaggems')})")
     try:
-        import flag_gems
+        import flag_gems  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - FlagGems raises RuntimeError without a device
         return Layer1Status(False, f"flag_gems cannot run here: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    if settings.flagos_whitelist:
+        return Layer1Status(True, f"only {len(settings.flagos_whitelist)} whitelisted ops",
+                            "only_enable", settings.flagos_whitelist)
+    return Layer1Status(True, f"all ops except {list(settings.flagos_blacklist)}",
+                        "enable", settings.flagos_blacklist)
+
+
+def _enable(settings: Settings) -> Layer1Status:
+    status = layer1_plan(settings)
+    if not status.enabled:
+        return status
+    import flag_gems
+
     log = dict(record=settings.flaggems_record, once=settings.flaggems_log_once,
                path=settings.flaggems_log_path)
-    if settings.flagos_whitelist:
-        flag_gems.only_enable(include=list(settings.flagos_whitelist), **log)
-        status = Layer1Status(True, f"only {len(settings.flagos_whitelist)} whitelisted ops",
-                              "only_enable", settings.flagos_whitelist)
+    if status.mode == "only_enable":
+        flag_gems.only_enable(include=list(status.ops), **log)
     else:
-        flag_gems.enable(unused=list(settings.flagos_blacklist), **log)
-        status = Layer1Status(True, f"all ops except {list(settings.flagos_blacklist)}",
-                              "enable", settings.flagos_blacklist)
+        flag_gems.enable(unused=list(status.ops), **log)
     if settings.flaggems_record:
         for handler in logging.getLogger("flag_gems").handlers:
             if getattr(handler, "_flaggems_owned", False):

@@ -51,80 +51,9 @@ def cmd_config(args) -> int:
     return 0
 
 
-def ops_report() -> dict:
-    """The data behind ``sglang-fl ops``: backends found and per-op resolution."""
-    from sglang_fl.dispatch import NoImplementationError, get_manager
-    from sglang_fl.dispatch.ops import OPS
-
-    settings = get_settings()
-    manager = get_manager()
-    report = {
-        "platform": settings.platform,
-        "token_buckets": [{"name": n, "max_tokens": hi} for n, hi in settings.token_buckets],
-        "token_buckets_from": settings.origins["token_buckets"],
-        "custom_ops": settings.custom_ops,
-        "backends": [
-            {"name": b.name, "kind": b.kind, "available": b.available,
-             "detail": b.reason, "ops": list(b.ops), "missing": b.missing,
-             "attention_backends": list(b.attention_backends)}
-            for b in manager.backends.values()
-        ],
-        # The vendors' attention backends (--attention-backend <name>); "excluded" says why
-        # the allow/deny vendor lists keep one out of SGLang.
-        "attention_backends": [
-            {"name": a.name, "vendor": f"vendor.{a.vendor}",
-             "excluded": manager.policy.vendor_excluded(a.vendor)}
-            for a in manager.registry.attention_backends()
-        ],
-        "attention_backend_default": (
-            {"name": settings.attention_backend, "from": settings.origins["attention_backend"]}
-            if settings.attention_backend else None),
-        "ops": {},
-    }
-    for spec in OPS:
-        op = spec.name
-        sel = manager.selection(op)
-        entry = {
-            "signature": spec.describe(),
-            "serves": list(spec.class_names),
-            "called_as": list(spec.called_as),
-            "routed": [c for c in spec.class_names if settings.routes_class((c,))],
-            "order": list(manager.policy.kinds_for(op)),
-            "order_from": (f"op_backends ({settings.origins['op_backends']})"
-                           if op in settings.op_backends else f"prefer ({settings.origins['prefer']})"),
-            "candidates": [i.impl_id for i in sel.candidates],
-            "skipped": [{"impl": name, "why": why} for name, _, why in manager.skipped(op, sel)],
-            # Declared input limits (dispatch/limits.py): a call outside them goes to the next
-            # candidate that takes it.
-            "limits": {i.impl_id: i.limits.describe() for i in manager.registry.impls(op)
-                       if i.limits is not None},
-        }
-        try:
-            resolved = manager.resolve(op)
-            entry["chosen"] = resolved.impl.label
-            entry["preferred_unavailable"] = [{"kind": k, "why": why} for k, why in resolved.passed_over]
-        except NoImplementationError as exc:
-            entry["chosen"] = None
-            entry["error"] = str(exc)
-        # Token buckets with an order of their own (``op@bucket``): what each one runs.
-        entry["buckets"] = {}
-        lo = 0
-        for bucket, hi in settings.token_buckets:
-            tokens, lo = (f"tokens<={hi}" if hi is not None else f"tokens>{lo}"), hi or lo
-            if manager.policy.order_origin(op, bucket) != f"{op}@{bucket}":
-                continue
-            b_entry = {"max_tokens": hi, "tokens": tokens, "order": list(manager.policy.kinds_for(op, bucket)),
-                       "candidates": [i.impl_id for i in manager.selection(op, bucket).candidates]}
-            try:
-                b_entry["chosen"] = manager.resolve(op, bucket).impl.label
-            except NoImplementationError as exc:
-                b_entry["chosen"], b_entry["error"] = None, str(exc)
-            entry["buckets"][bucket] = b_entry
-        report["ops"][op] = entry
-    return report
-
-
 def cmd_ops(args) -> int:
+    from sglang_fl.dispatch.report import ops_report
+
     report = ops_report()
     if args.json:
         print(json.dumps(report, indent=2))

@@ -60,10 +60,12 @@ def install() -> None:
 
     from sglang_fl.dispatch import get_manager
     from sglang_fl.sglang_glue.attention import register_attention_backends
+    from sglang_fl.sglang_glue.metrics_export import register_metrics_export
     from sglang_fl.sglang_glue.process_report import register_process_report
 
     register_attention_backends(get_manager())
     register_process_report()
+    register_metrics_export()
 
     if settings.oot_enabled:
         from sglang_fl.dispatch import NoImplementationError

@@ -152,7 +152,7 @@ import sys
 
 __all__ = [
     "CALL_LOG_PREFIX", "LEDGER", "STANDIN_MARKER", "Standin", "StandinCalledError", "activate",
-    "state", "standin_calls",
+    "active_entries", "state", "standin_calls",
 ]
 
 # This package is imported by the .pth hook in every interpreter of the environment, so its
@@ -290,6 +290,7 @@ class _State:
         self.active = False
         self.standins: tuple[str, ...] = ()  # packages served by stand-ins
         self.env_set: dict[str, str] = {}  # SGLang switches we set (the user had not)
+        self.fixes = False  # the ``fix:`` entries are installed (a supported SGLang)
 
 
 state = _State()
@@ -432,6 +433,7 @@ def activate() -> None:
         supported = False
     if supported:
         fixes.install()  # SGLang bug fixes: every install, stand-ins or not
+        state.fixes = True
         from sglang_fl.compat import swaps
 
         # Native swaps: each where the package it stands for is absent; on the CPU platform
@@ -469,3 +471,21 @@ def activate() -> None:
         if _platform() == "cpu":
             _set_default("SGLANG_USE_CPU_ENGINE", "1")
     _logger().info("sglang-fl empty mode: stand-ins for %s; env %s", ", ".join(missing), state.env_set)
+
+
+def active_entries() -> tuple[Patch, ...]:
+    """The ledger entries `activate` put in force in this process (``sglang-fl doctor``). Two
+    are the dispatch's business, not activation's: ``flaggems:rope-inplace`` (the flagos RoPE
+    impl) and ``route:RMSNormGated`` (a Layer-2 route)."""
+    from sglang_fl.compat import swaps
+
+    names = {f"standin:{p}" for p in state.standins} | {f"swap:{s.attr}" for s in swaps.armed}
+    if state.fixes:
+        names |= {p.name for p in LEDGER if p.name.startswith("fix:")}
+    if state.env_set:
+        names.add("env")
+    if "flashinfer" in state.standins and "sgl_kernel" not in state.standins:
+        names.add("sgl_kernel-off-flashinfer")
+    if "sgl_kernel" in state.standins:
+        names.add("ops:sgl_kernel-gdn-cpu")
+    return tuple(p for p in LEDGER if p.name in names)

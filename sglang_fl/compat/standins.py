@@ -60,8 +60,11 @@ def route_hint(qualname: str) -> str:
 
 
 def record_call(qualname: str) -> None:
+    from sglang_fl.metrics import record_standin_call  # here: this module stays cheap to import
+
     with _lock:
         _calls[qualname] += 1
+    record_standin_call(qualname)
     try:
         sys.stderr.write(f"{CALL_LOG_PREFIX} {qualname}\n")
         sys.stderr.flush()

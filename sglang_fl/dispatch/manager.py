@@ -20,6 +20,7 @@ from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendStatus, NoImplementationError, OpImpl
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.metrics import record_fallback, record_route
 
 logger = get_logger("dispatch")
 
@@ -38,6 +39,8 @@ class ResolvedOp:
     bucket: str | None = None
     #: (impl id, reason) -> the impl id the call went to, for each decline logged so far.
     declines: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    #: The token buckets that run this resolution (for the metrics).
+    buckets: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -60,6 +63,9 @@ class ResolvedOp:
                     self.op_name, impl.impl_id, type(exc).__name__, exc,
                     nxt.impl_id if nxt else "nothing",
                 )
+                record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "raised")
+                for b in self.buckets if nxt else ():
+                    record_route(self.op_name, b, nxt.impl_id)
             if not self.candidates:
                 raise NoImplementationError(
                     f"No available implementation for op {self.op_name!r}: every candidate failed "
@@ -118,6 +124,7 @@ class ResolvedOp:
             if key in self.declines:
                 return
             self.declines[key] = nxt.impl_id if nxt else None
+        record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "declined")
         logger.warning("op %r: impl %r declined the inputs: %s; this call goes to %s (logged "
                        "once)", self.op_name, impl.impl_id, exc, nxt.impl_id if nxt else "nothing")
 
@@ -175,8 +182,11 @@ class OpManager:
         order = self.policy.accepted_kinds(op_name, bucket)
         passed_over = tuple((k, self.why_no_candidate(op_name, k, sel, bucket))
                             for k in order[:order.index(chosen_kind)])
+        buckets = tuple(b for b, _ in self.policy.token_buckets if self._own_bucket(op_name, b) == bucket)
+        for b in buckets:
+            record_route(op_name, b, sel.candidates[0].impl_id)
         return ResolvedOp(op_name, list(sel.candidates), sel.excluded, self.policy.strict,
-                          passed_over=passed_over, bucket=bucket)
+                          passed_over=passed_over, bucket=bucket, buckets=buckets)
 
     def resolve_all(self, op_names) -> dict[str, ResolvedOp]:
         """Resolve every op in ``op_names`` (start-up): log, once, each op that runs on a later
@@ -208,6 +218,8 @@ class OpManager:
         for r in resolved.values():
             if r.passed_over:
                 logger.warning("%s", describe_passed_over(r))
+            for kind, _ in r.passed_over:
+                record_fallback(r.op_name, kind, r.impl.impl_id, "unavailable")
         return resolved
 
     def skipped(self, op_name: str, sel: Selection | None = None,

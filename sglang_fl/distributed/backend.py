@@ -32,6 +32,8 @@ BACKENDS = ("nccl", "hccl", "flagcx", "gloo")
 
 # Backends for which sglang-fl installs the GroupCoordinator hooks, and the engine each one uses.
 OWNED_BACKENDS = {"flagcx": "flagcx", "gloo": "torch"}
+#: The backend each engine serves (a `CommunicatorFL`'s ``engine_name`` -> backend).
+ENGINE_BACKENDS = {engine: backend for backend, engine in OWNED_BACKENDS.items()}
 
 # torch.distributed backend of each platform's device process group (what SGLang itself picks).
 NATIVE_TORCH_BACKEND = {"cuda": "nccl", "ascend": "hccl", "musa": "mccl", "cpu": "gloo"}

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from sglang_fl.logging_setup import get_logger
+from sglang_fl.metrics import track_communicator
 
 logger = get_logger("sglang_fl.distributed")
 
@@ -116,6 +117,7 @@ class CommunicatorFL:
                             if cpu_group is not None and device.type != "cpu" else engine)
         self.calls: Counter[str] = Counter()
         self.failed = False
+        track_communicator(self)  # exports ``calls`` from a thread: nothing per call
 
     @classmethod
     def for_group(cls, group, engine_kind: str, flagcx_path: str | None = None):

@@ -51,7 +51,12 @@ class ImplSlot:
         return result
 
     def taken(self) -> None:
-        """The route is taken: log it, and call the impl directly from now on."""
+        """The route is taken: log it, and call the impl directly from now on. That is the
+        resolution's current impl: another layer's fallback may have dropped the one this slot
+        was built with (then nothing is left to fall back to, and binding that one would raise
+        on every call)."""
+        if self.impl not in self.resolved.candidates and self.resolved.candidates:
+            self.impl = self.resolved.impl
         self.fn = self.impl.fn
         log_dispatch(self.class_name, self.impl.label + self.where, self.log_path)
 

@@ -1,11 +1,13 @@
 """Layer-isolated smoke suite: the same checks on a CPU host and inside every vendor image.
 
-``python -m sglang_fl.smoke`` runs four checks, each in a fresh interpreter with its own
+``python -m sglang_fl.smoke`` runs five checks, each in a fresh interpreter with its own
 environment, so one layer's state can never make another pass:
 
 ====== ============================================ =========================================
 layer  environment                                  what must happen
 ====== ============================================ =========================================
+doctor the platform's defaults                      ``sglang-fl doctor`` reports a verdict
+                                                    other than "cannot serve" (exit 0 or 1)
 1      USE_FLAGGEMS=1, SGLANG_FL_OOT_ENABLED=0      FlagGems replaces ATen ops and a real op
                                                     lands in the FlagGems log; on a CPU host
                                                     Layer 1 must *report itself disabled* with
@@ -29,10 +31,11 @@ the image (``docker run IMAGE smoke``).
 
 from __future__ import annotations
 
-LAYERS = ("1", "2", "3", "all")
+LAYERS = ("doctor", "1", "2", "3", "all")
 
 # Switches each check pins; everything else comes from the platform / user configuration.
 LAYER_ENV = {
+    "doctor": {},
     "1": {"USE_FLAGGEMS": "1", "SGLANG_FL_OOT_ENABLED": "0"},
     "2": {"USE_FLAGGEMS": "0", "SGLANG_FL_OOT_ENABLED": "1"},
     "3": {"USE_FLAGGEMS": "0", "SGLANG_FL_OOT_ENABLED": "0"},

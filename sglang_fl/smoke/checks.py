@@ -1,4 +1,4 @@
-"""The four smoke checks. Each runs in its own interpreter (see `sglang_fl.smoke.runner`),
+"""The smoke checks (``sglang-fl doctor`` and one per layer). Each runs in its own interpreter (see `sglang_fl.smoke.runner`),
 loads sglang-fl the way SGLang does (``load_plugins()``) and returns a result dict or raises
 `SmokeFailure` / `SmokeSkip` with the reason."""
 
@@ -254,4 +254,27 @@ def check_all(workdir: Path, timeout: float = 600.0, tp: int = 1,
                       f"fused ops: {routed}"}
 
 
-CHECKS = {"1": check_layer1, "2": check_layer2, "3": check_layer3, "all": check_all}
+def check_doctor(workdir: Path, timeout: float = 120.0) -> dict:
+    """``sglang-fl doctor --json`` as an operator runs it: any verdict but "cannot serve" passes
+    (a warning, e.g. a preferred kind without an impl of some op here, is in the detail); the
+    report is kept as doctor.json."""
+    proc = subprocess.run([sys.executable, "-m", "sglang_fl.cli", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=timeout)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise SmokeFailure(f"sglang-fl doctor exited {proc.returncode} without a JSON report: "
+                           f"{(proc.stdout + proc.stderr)[-2000:]}") from None
+    (workdir / "doctor.json").write_text(json.dumps(report, indent=2))
+    if report["exit_code"] != proc.returncode:
+        raise SmokeFailure(f"sglang-fl doctor exited {proc.returncode}, its report says "
+                           f"{report['exit_code']}")
+    problems = "; ".join(f"{f['level']} [{f['area']}] {f['message']}" for f in report["findings"])
+    if report["verdict"] == "cannot serve":
+        raise SmokeFailure(f"sglang-fl doctor: cannot serve: {problems}")
+    return {"status": "passed", "detail": f"verdict {report['verdict']} in {report['seconds']} s"
+            + (f": {problems}" if problems else "")}
+
+
+CHECKS = {"doctor": check_doctor, "1": check_layer1, "2": check_layer2, "3": check_layer3,
+          "all": check_all}

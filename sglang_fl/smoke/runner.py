@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_fl.smoke", description=__doc__)
     ap.add_argument("--layer", choices=LAYERS, help="run this one check in this process")
     ap.add_argument("--layers", default=",".join(LAYERS),
-                    help="suite: comma-separated checks to run (default: all four)")
+                    help="suite: comma-separated checks to run (default: all five)")
     ap.add_argument("--workdir", help="logs and the tiny model go here (default: a temp dir)")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size of the served check")
     ap.add_argument("--server-args", default="",

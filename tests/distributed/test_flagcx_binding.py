@@ -9,6 +9,7 @@ GPUs and is in tests/gpu/test_flagcx_h200.py.
 from __future__ import annotations
 
 import ctypes
+import json
 import shutil
 import subprocess
 import sys
@@ -273,3 +274,20 @@ def test_flagcx_on_a_cpu_group_is_refused(flagcx_home):
                             device=torch.device("cpu"), cpu_group=None, device_group=None)
     with pytest.raises(fx.FlagCXError, match="no CPU device adaptor.*gloo"):
         CommunicatorFL.for_group(group, "flagcx", str(flagcx_home))
+
+
+def test_doctor_loads_flagcx_and_says_why_it_makes_no_communicator_on_cpu(flagcx_home):
+    """``sglang-fl doctor`` with FlagCX asked for: the library loads (its version is read through
+    the binding), no one-rank communicator is tried on the CPU platform, and that is a warning."""
+    proc = subprocess.run([sys.executable, "-m", "sglang_fl.cli", "doctor", "--json"],
+                          env=clean_env(SGLANG_FL_DIST_BACKEND="flagcx",
+                                        FLAGCX_PATH=str(flagcx_home)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    d = report["distributed"]
+    assert d["flagcx_library"] == str(flagcx_home / "build" / "lib" / "libflagcx.so")
+    assert isinstance(d["flagcx_version"], int)
+    assert d["check"] == "not tried: FlagCX has no CPU device adaptor"
+    (finding,) = report["findings"]
+    assert finding["message"].startswith("SGLANG_FL_DIST_BACKEND=flagcx on the CPU platform")

@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from sglang_fl.dispatch.ops import OP_NAMES, OPS
+from tests.integration.vendor_package import write_vendor_package
 
 pytestmark = pytest.mark.integration
 
@@ -168,36 +168,14 @@ def test_ops_text_says_where_the_order_came_from_and_what_is_not_routed():
 
 @pytest.fixture
 def acme_vendor_package(tmp_path):
-    """A vendor backend shipped as its own installed distribution (package + dist-info with an
-    entry point in the ``sglang_fl.vendors`` group), the layout pip produces."""
-    pkg = tmp_path / "acme_fl_vendor"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "register_ops.py").write_text(textwrap.dedent('''
-        import torch.nn.functional as F
-        from sglang_fl.dispatch.backends import Backend, register_backend
-
-        class AcmeBackend(Backend):
-            name = "acme"
-
-            def is_available(self):
-                return True
-
-            def silu_and_mul(self, obj, x):
-                d = x.shape[-1] // 2
-                return F.silu(x[..., :d]) * x[..., d:]
-            # (a test may add a method here)
-
-        BACKEND = AcmeBackend()
-
-        def register_builtins(registry):
-            register_backend(registry, BACKEND)
-    '''))
-    dist = tmp_path / "acme_fl_vendor-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-fl-vendor\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[sglang_fl.vendors]\nacme = acme_fl_vendor.register_ops\n")
-    return tmp_path
+    """A vendor backend shipped as its own installed distribution, found through the entry
+    point group; its one op is a correct silu_and_mul."""
+    return write_vendor_package(tmp_path, "acme", imports="import torch.nn.functional as F\n", methods="""
+        def silu_and_mul(self, obj, x):
+            d = x.shape[-1] // 2
+            return F.silu(x[..., :d]) * x[..., d:]
+        # (a test may add a method here)
+        """)
 
 
 def test_vendor_package_found_through_entry_point_group(acme_vendor_package):

@@ -48,6 +48,21 @@ def test_runtime_failure_falls_back_once_with_one_warning(sglang_with_plugin, ca
     assert log.read_text().splitlines() == ["[OOT-DISPATCH] RMSNorm → reference(reference)"]
 
 
+def test_a_layer_first_called_after_another_layers_fallback_runs_the_next_impl(sglang_with_plugin):
+    """Both layers are bound while flagos is the choice (model construction); the first one's
+    first call drops it. The second, first called afterwards, has nothing left to fall back
+    to and must bind what the op runs now, not the impl it was built with."""
+    flaky = Flaky()
+    router, manager = router_with({"SGLANG_FL_PREFER": "flagos"}, flaky)
+    (first, native1), (second, native2) = make_layer(), make_layer()
+    first._forward_method = router.bind(first, native1)
+    second._forward_method = router.bind(second, native2)
+    x = torch.randn(3, 64)
+    first.forward(x)
+    torch.testing.assert_close(second.forward(x), second.forward_native(x))
+    assert flaky.calls == 1
+
+
 def test_strict_runtime_failure_propagates(sglang_with_plugin):
     flaky = Flaky()
     router, _ = router_with({"SGLANG_FL_PREFER": "flagos", "SGLANG_FL_STRICT": "1"}, flaky)

@@ -40,3 +40,15 @@ def test_every_name_of_the_english_readme_is_in_the_chinese_one():
     missing = sorted(n for n in names if n not in ZH)
     assert missing == []
     assert "README_zh.md" in EN and "README.md" in ZH
+
+
+def test_every_command_the_english_readme_names_is_in_the_chinese_one():
+    """``sglang-fl <command>`` for each subcommand of the CLI the English README names."""
+    import argparse
+
+    from sglang_fl.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    named = {c for c in sub.choices if re.search(rf"sglang-fl {c}\b", EN)}
+    assert {"config", "ops", "doctor"} <= named
+    assert sorted(c for c in named if not re.search(rf"sglang-fl {c}\b", ZH)) == []

@@ -53,3 +53,20 @@ def test_bad_layer_names_are_refused(tmp_path):
     result, _ = smoke(tmp_path, "--layers", "1,4")
     assert result.returncode == 2
     assert "unknown ['4']" in result.stderr
+
+
+def test_doctor_check_passes_on_this_cpu_and_keeps_its_report(tmp_path):
+    result, results = smoke(tmp_path, "--layers", "doctor", "--no-skip")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert results["doctor"]["status"] == "passed"
+    assert results["doctor"]["detail"].startswith("verdict ok in ")
+    assert json.loads((tmp_path / "doctor.json").read_text())["verdict"] == "ok"
+
+
+def test_doctor_check_fails_an_install_that_cannot_serve(tmp_path):
+    result, results = smoke(tmp_path, "--layers", "doctor", SGLANG_FL_PREFER="flagos",
+                            SGLANG_FL_STRICT="1")
+    assert result.returncode == 1
+    assert results["doctor"]["status"] == "failed"
+    assert "sglang-fl doctor: cannot serve: error [dispatch] No available implementation" in \
+        results["doctor"]["detail"]

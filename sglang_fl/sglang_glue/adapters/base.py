@@ -102,6 +102,11 @@ class SGLangAdapter:
     SERVER_ARGS_CHECK: str = "sglang.srt.server_args.ServerArgs.__post_init__"
     #: Layer 3: the collectives of this class are delegated to CommunicatorFL.
     GROUP_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+    #: Built by SGLang in each process that exports Prometheus metrics (``--enable-metrics``),
+    #: after it set PROMETHEUS_MULTIPROC_DIR: AFTER hooks start sglang-fl's export there
+    #: (``sglang_glue.metrics_export``). The scheduler's runs the model, the tokenizer's serves HTTP.
+    SCHEDULER_METRICS_INIT = "sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.__init__"
+    TOKENIZER_METRICS_INIT = "sglang.srt.observability.metrics_collector.TokenizerMetricsCollector.__init__"
 
     # -- modules --------------------------------------------------------------------------------
     MODULES = {
