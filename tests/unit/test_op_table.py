@@ -356,6 +356,7 @@ def test_vendor_cuda_offers_each_op_where_its_kernel_package_is_real(monkeypatch
     backend = CudaBackend()
     assert backend.available() and backend.implemented_ops() == (
         "mrotary_embedding", "gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+        "packed_recurrent_gated_delta_rule",
         "causal_conv1d", "causal_conv1d_update", "rms_norm_gated")
     status = _status(backend.impl_id(), "vendor", backend, backend.implemented_ops(), "built-in")
     assert status.available and status.missing == (

@@ -21,6 +21,14 @@
    ``attention.py``, and ``attention_backend: <name>`` in the platform YAML to make it the
    platform's default.
 
+5. Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6): any of the op table's GDN ops (``gdn_gating``,
+   ``chunk_gated_delta_rule``, ``recurrent_gated_delta_rule``,
+   ``packed_recurrent_gated_delta_rule``, ``causal_conv1d``, ``causal_conv1d_update``,
+   ``rms_norm_gated``) is a method like any other: sglang-fl routes SGLang's GDN kernel calls to
+   it on every platform (``sglang_glue/gdn.py``). A kernel that takes only some inputs declares
+   them with ``@accepts`` (``dispatch/limits.py``), as ``causal_conv1d_update`` below does: a
+   call outside them goes to the next implementation in the op's order, logged once.
+
 This folder registers nothing unless a user enables it by name (``SGLANG_FL_ENABLE_VENDORS=
 template``; its name is in ``dispatch/discovery.py``'s ``OPT_IN_VENDORS``, so a copy of it is an
 ordinary vendor). Enabled, it registers no ops (``is_available()`` is always False) and one
@@ -30,6 +38,7 @@ attention backend, ``template_native``, which delegates to SGLang's ``torch_nati
 from __future__ import annotations
 
 from sglang_fl.dispatch.backends import Backend
+from sglang_fl.dispatch.limits import accepts
 
 
 class TemplateBackend(Backend):
@@ -45,3 +54,11 @@ class TemplateBackend(Backend):
 
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+    # Example GDN op with a declared input limit (a chip whose conv kernel has no fp32 path):
+    @accepts(x=("bfloat16", "float16"), why="example: the kernel has no float32 path")
+    def causal_conv1d_update(self, obj, x, conv_state, weight, bias=None, activation=None,
+                             conv_state_indices=None):
+        from sglang_fl.dispatch.backends.reference_gdn import causal_conv1d_update
+
+        return causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
