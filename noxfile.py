@@ -89,7 +89,7 @@ SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
                        "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",
                        "tests/e2e/test_startup_errors.py", "tests/e2e/test_server_lifecycle.py",
-                       "tests/e2e/test_metrics.py")
+                       "tests/e2e/test_metrics.py", "tests/e2e/test_hybrid_vendor_gdn.py")
 
 
 def install_cpu_stack(session: nox.Session, sglang: str | None = None) -> None:
