@@ -128,7 +128,7 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    Seen 2026-12-02. Upstream: fixed in 0.5.23's rewrite of the drain. Remove with SGLang 0.5.11
    support.
 
-18. ``route:gdn-kernels`` (``layers/attention/linear``) -- on accelerators, SGLang's Gated
+19. ``route:gdn-kernels`` (``layers/attention/linear``) -- on accelerators, SGLang's Gated
    DeltaNet backend calls its own Triton kernels directly: ``TritonGDNKernel.extend`` /
    ``decode`` / ``packed_decode`` and the ``gdn_backend`` globals ``fused_gdn_gating``,
    ``causal_conv1d_fn``, ``causal_conv1d_update``; no plugin API reaches them, so a vendor folder

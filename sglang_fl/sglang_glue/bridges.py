@@ -46,17 +46,21 @@ class ImplSlot:
     def _first_call(self, *args, **kwargs):
         # Logged once the impl has returned: a first call it declined or failed is logged
         # under the impl that took it instead (call_after_failure).
+        self._current()
         result = self.impl.fn(*args, **kwargs)
         self.taken()
         return result
 
-    def taken(self) -> None:
-        """The route is taken: log it, and call the impl directly from now on. That is the
-        resolution's current impl: another layer's fallback may have dropped the one this slot
-        was built with (then nothing is left to fall back to, and binding that one would raise
-        on every call)."""
+    def _current(self) -> None:
+        """Take the resolution's current impl: another layer's fallback may have dropped the
+        one this slot was built with (then nothing is left to fall back to, and calling that
+        one would raise on every call)."""
         if self.impl not in self.resolved.candidates and self.resolved.candidates:
             self.impl = self.resolved.impl
+
+    def taken(self) -> None:
+        """The route is taken: log it, and call the impl directly from now on."""
+        self._current()
         self.fn = self.impl.fn
         log_dispatch(self.class_name, self.impl.label + self.where, self.log_path)
 

@@ -83,10 +83,9 @@ def test_a_failing_impl_falls_back_in_its_bucket_only(sglang_with_plugin, tmp_pa
     torch.testing.assert_close(layer.forward(x), layer.forward_native(x))
     assert impl.tokens == [2]  # dropped from the decode bucket after its failure
     assert [i.impl_id for i in manager.resolve("rms_norm", "prefill").candidates] == ["reference", "flagos"]
+    # flagos never returned a result: only the route that ran is logged.
     assert log.read_text().splitlines() == [
-        "[OOT-DISPATCH] RMSNorm → flagos(flagos) [decode: tokens<=4]",
-        "[OOT-DISPATCH] RMSNorm → reference(reference) [decode: tokens<=4]",
-    ]
+        "[OOT-DISPATCH] RMSNorm → reference(reference) [decode: tokens<=4]"]
 
 
 def test_buckets_with_the_same_candidates_bind_one_route_without_a_comparison(sglang_with_plugin,

@@ -114,8 +114,9 @@ def build_steps(tmp_path, *args, **env):
     fake.write_text('#!/bin/sh\necho "PIP_CERT=$PIP_CERT" > "$ARGV_OUT"\n'
                     'printf \'%s\\n\' "$@" >> "$ARGV_OUT"\n')
     fake.chmod(0o755)
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("FLAGCX_PATH", "FLAGCX_REPO", "VENDOR_INDEX_URL", "SGLANG_VERSION")}
+    # The in-process integration fixture pins SGLANG_FL_* in this pytest process: none leaks in.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")
+             and k not in ("FLAGCX_PATH", "FLAGCX_REPO", "VENDOR_INDEX_URL", "SGLANG_VERSION")}
     result = run([str(ROOT / "docker" / "build_steps.sh"), *args], cwd=ROOT,
                  env={**clean, "SGLANG_FL_PYTHON": str(fake), "ARGV_OUT": str(tmp_path / "argv"),
                       **env})

@@ -241,10 +241,21 @@ class SGLangAdapter:
     CPU_HYBRID_MISSING_OPS: tuple[str, ...] = ()
     #: CPU server defaults of this version for hybrid (Mamba/GDN) models: option -> (value, why).
     CPU_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
+    #: Accelerator server defaults of this version for float32 hybrid models: option -> (value,
+    #: why). Where the default mamba cache makes SGLang's own chunk kernel run the prefill
+    #: (it refuses float32), these pick one under which sglang-fl's GDN ops run it.
+    FP32_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
     #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
     MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
-    #: The server option (and value) that turns the prefill CUDA graph off.
+    #: The server option (and value) that turns the prefill CUDA graph off (the command-line
+    #: spelling; a platform default goes through `prefill_graph_off_default`).
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+
+    def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
+        """The field (and value) a platform default writes to turn the prefill CUDA graph
+        off, None when it is off already. Here the option itself: 0.5.11 applies platform
+        defaults before it reads it."""
+        return self.PREFILL_GRAPH_OFF
     #: The option capping the batch sizes captured by the decode CUDA graph.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
     #: Attention backends for which this version builds EAGLE/NEXTN (MTP) draft backends on CPU

@@ -118,11 +118,44 @@ class SGLang0523(SGLangAdapter):
         "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
                                      "support overlap scheduling"),
     }
+    # On accelerators "auto" is the extra-buffer cache too, whose per-chunk states only
+    # SGLang's chunk kernel returns: the prefill stays SGLang's (sglang_glue/gdn.py), and that
+    # kernel refuses float32 (seen on the H200, 2026-12-03, the tiny fp32 Qwen3.5).
+    FP32_HYBRID_DEFAULTS = {
+        "mamba_radix_cache_strategy": ("no_buffer", "SGLang's chunk kernel, which the "
+                                       "extra-buffer mamba cache needs, refuses float32; with "
+                                       "no_buffer sglang-fl's GDN ops run the prefill"),
+        "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
+                                     "support overlap scheduling"),
+    }
     # intel_amx needs sgl_kernel's CPU build (the plugin's CPU default is torch_native).
     CPU_SPECULATIVE_ATTENTION_BACKENDS = ("intel_amx",)
     CPU_PAGED_KV = True
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
+
+    def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
+        """Platform defaults run after SGLang folded ``cuda_graph_backend_prefill`` into the
+        resolved ``cuda_graph_config`` (its pipeline: ``handle_cuda_graph_config``, then
+        ``handle_platform_defaults``), so setting the option there changes nothing (seen on
+        the H200, 2026-12-03: the breakable prefill graph was captured and asserted). The
+        default is the resolved config with the prefill phase disabled, unless the user chose
+        the prefill backend (SGLang's ``_cuda_graph_config_locked``)."""
+        from sglang.srt.model_executor.cuda_graph_config import (
+            Backend,
+            CudaGraphConfig,
+            Phase,
+            with_phase,
+        )
+
+        config = getattr(server_args, "cuda_graph_config", None)
+        if not isinstance(config, CudaGraphConfig):  # not resolved yet: the option still counts
+            return self.PREFILL_GRAPH_OFF
+        locked = getattr(server_args, "_cuda_graph_config_locked", None) or ()
+        if (Phase.PREFILL, "backend") in locked or config.prefill.backend == Backend.DISABLED:
+            return None
+        return "cuda_graph_config", with_phase(config, Phase.PREFILL, backend=Backend.DISABLED)
+
     # Split per phase; the old name is now an ambiguous argparse prefix.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs_decode"
     # Without these, an out-of-tree platform gets no decode CUDA graphs (seen on the H200:
