@@ -136,7 +136,9 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    dispatcher: decode=TritonGDNKernel"). How: after each module runs, those methods and globals
    are replaced by calls of the GDN ops (``sglang_glue/gdn.py`` `install_kernel_routes`; where
    they live is the adapter's ``GDN_KERNEL_CLASS`` / ``GDN_BACKEND_MODULE``); calls the standard
-   ops do not express go to SGLang's original, logged once. Upstream: none (SGLang's
+   ops do not express go to SGLang's original, logged once; on 0.5.23 the class also declares
+   ``supports_track_state_snapshot`` (the extra-buffer mamba cache then asks extend for a
+   prefix's state instead of SGLang's per-chunk states). Upstream: none (SGLang's
    ``LinearAttnKernelBase`` registry could take an out-of-tree kernel class). Remove when SGLang
    lets a platform plugin supply the GDN kernel backend.
 

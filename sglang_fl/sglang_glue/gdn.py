@@ -11,8 +11,9 @@ Two ways in, one per kind of platform, both ending in the op's resolved implemen
   ``packed_recurrent_gated_delta_rule``, ``gdn_gating``, ``causal_conv1d`` and
   ``causal_conv1d_update``; so a vendor folder or FlagGems supplies them there too. A call the
   standard op cannot express (speculative verification windows, ReplaySSM rings, paged conv
-  states, the extra-buffer radix cache's per-chunk states) goes to SGLang's own function, logged
-  once as ``left to SGLang``.
+  states, and on SGLang 0.5.11 the extra-buffer radix cache's per-chunk states) goes to SGLang's
+  own function, logged once as ``left to SGLang``. On 0.5.23 that cache asks the kernel class
+  for a state snapshot instead (``track_state``), which the routed extend writes.
 - CPU (below):
 
 On CPU, SGLang's GDN attention backend (Qwen3-Next, Qwen3.5/3.6) calls sgl_kernel's CPU build:
@@ -160,23 +161,91 @@ def _left_to_sglang(entry: str, why: str) -> None:
 
 @functools.cache
 def _chunk_states_needed() -> bool:
-    """Whether this server's mamba radix cache keeps per-chunk states (extra buffer), which
-    SGLang's chunk kernel returns and the standard op does not."""
+    """Whether this server's mamba radix cache keeps per-chunk states (extra buffer) that only
+    SGLang's chunk kernel can give: where the version's kernel class takes a state snapshot
+    instead (the adapter's ``GDN_TRACK_STATE_SNAPSHOT``), the routed extend writes that."""
     from sglang_fl.sglang_glue.adapters import get_adapter
 
-    return get_adapter().mamba_extra_buffer()
+    adapter = get_adapter()
+    return not adapter.GDN_TRACK_STATE_SNAPSHOT and adapter.mamba_extra_buffer()
+
+
+#: The chunk (tokens) in which SGLang counts ``track_chunk_idx``: FLA's chunk, which its GDN
+#: kernels and the per-chunk state grid use.
+TRACK_CHUNK = 64
+
+
+def _snapshot_states(q, k, v, g, beta, states, query_start_loc, track_chunk_idx, track_state):
+    """SGLang's ``track_state`` contract (its FLA chunk kernel's): for each batch row ``i``
+    with ``track_chunk_idx[i] >= 0``, ``track_state[i]`` (fp32) is the row's state at the
+    start of that chunk, i.e. after ``track_chunk_idx[i] * 64`` tokens of this extend. The
+    extra-buffer radix cache keeps it for a prefix that does not end on the chunk grid. Here:
+    one more call of the chunk op, on those prefixes, from the same initial ``states``. One
+    host read of the two small index tensors; only prefills that track a prefix pay it."""
+    import torch
+
+    rows = track_chunk_idx.shape[0]
+    host = torch.cat((query_start_loc.reshape(-1).to(torch.int64),
+                      track_chunk_idx.reshape(-1).to(torch.int64))).tolist()
+    starts, chunks = host[:rows + 1], host[rows + 1:]
+    picked, spans = [], []
+    for i, c in enumerate(chunks):
+        if c < 0:
+            continue
+        length = min(c * TRACK_CHUNK, starts[i + 1] - starts[i])
+        if length == 0:
+            track_state[i] = states[i].float()
+        else:
+            picked.append(i)
+            spans.append((starts[i], length))
+    if not picked:
+        return
+    device = q.device
+    tokens = torch.cat([torch.arange(s, s + n, device=device) for s, n in spans])
+    cu = [0]
+    for _, n in spans:
+        cu.append(cu[-1] + n)
+    cu = torch.tensor(cu, dtype=query_start_loc.dtype, device=query_start_loc.device)
+    _, final = _call("chunk_gated_delta_rule", "TritonGDNKernel.extend", q[:, tokens],
+                     k[:, tokens], v[:, tokens], g[:, tokens], beta[:, tokens],
+                     states[picked], cu, None, True)
+    track_state[picked] = final.float()
+
+
+def _snapshot_from_chunk_states(h, query_start_loc, track_chunk_idx, track_state) -> None:
+    """The same snapshot taken from SGLang's own kernel's per-chunk states ``h`` ([1, chunks
+    of all rows, HV, V, K]; row ``i``'s chunks after those of the rows before it), for a call
+    left to SGLang: its kernel ignores ``track_state`` once the class says it takes one."""
+    import torch
+
+    lengths = query_start_loc.reshape(-1).diff().to(torch.int64)
+    per_row = (lengths + TRACK_CHUNK - 1) // TRACK_CHUNK
+    first = per_row.cumsum(0) - per_row
+    h = h.reshape(-1, *h.shape[-3:])
+    index = (first + track_chunk_idx.to(torch.int64).clamp(min=0)).clamp(max=h.shape[0] - 1)
+    track_state.copy_(h[index].float())  # rows without a tracked prefix are not read
 
 
 def _routed_extend(original):
     def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
+        track_state, track_chunk_idx = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
         if kwargs.get("inplace_update", True) is False or _chunk_states_needed():
             _left_to_sglang("TritonGDNKernel.extend", "multi-item scoring (inplace_update=False)"
                             if kwargs.get("inplace_update", True) is False else
                             "the extra-buffer mamba radix cache reads the kernel's per-chunk states")
-            return original(self, q, k, v, g, beta, ssm_states=ssm_states,
-                            cache_indices=cache_indices, query_start_loc=query_start_loc, **kwargs)
+            result = original(self, q, k, v, g, beta, ssm_states=ssm_states,
+                              cache_indices=cache_indices, query_start_loc=query_start_loc,
+                              **kwargs)
+            if track_state is not None and track_chunk_idx is not None:
+                _snapshot_from_chunk_states(result[2], query_start_loc, track_chunk_idx,
+                                            track_state)
+            return result
+        states = ssm_states[cache_indices]
+        if track_state is not None and track_chunk_idx is not None:
+            _snapshot_states(q, k, v, g, beta, states, query_start_loc, track_chunk_idx,
+                             track_state)
         out, final = _call("chunk_gated_delta_rule", "TritonGDNKernel.extend", q, k, v, g, beta,
-                           ssm_states[cache_indices], query_start_loc, None, True)
+                           states, query_start_loc, None, True)
         ssm_states[cache_indices] = final.to(ssm_states.dtype)
         return out, None, None
 
@@ -284,6 +353,8 @@ def install_kernel_routes(adapter) -> None:
         cls = getattr(module, class_name)
         for name, make in KERNEL_METHODS.items():
             _replace(cls, name, make)
+        if adapter.GDN_TRACK_STATE_SNAPSHOT:  # then SGLang hands extend a snapshot buffer
+            cls.supports_track_state_snapshot = True
 
     def route_globals(module):
         for name, make in BACKEND_GLOBALS.items():

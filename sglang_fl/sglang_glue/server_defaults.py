@@ -49,19 +49,6 @@ def model_is_hybrid(model_path) -> bool | None:
     return isinstance(layer_types, list) and any(t not in ATTENTION_LAYER_TYPES for t in layer_types)
 
 
-def _fp32_hybrid_defaults(server_args) -> dict[str, tuple[object, str]]:
-    """The adapter's ``FP32_HYBRID_DEFAULTS`` for a float32 hybrid model on an accelerator,
-    unless the user chose the mamba cache strategy: SGLang's own chunk kernel refuses float32,
-    and the cache those defaults pick lets sglang-fl's GDN ops run the prefill instead."""
-    adapter = get_adapter()
-    defaults = adapter.FP32_HYBRID_DEFAULTS
-    if not defaults or getattr(server_args, "dtype", None) != "float32":
-        return {}
-    if "mamba_radix_cache_strategy" in (adapter.user_choices(server_args) or ()):
-        return {}
-    return dict(defaults) if model_is_hybrid(getattr(server_args, "model_path", "")) else {}
-
-
 def remember_user_choices(server_args, *args, **kwargs):
     """BEFORE hook of the adapter's ``SERVER_ARGS_POST_INIT`` (where the version has one)."""
     get_adapter().remember_user_choices(server_args)
@@ -99,8 +86,6 @@ def _plan(settings, server_args) -> dict[str, tuple[object, str]]:
         # the H200, 2026-12-03: the flashinfer stand-in was called at the first prefill).
         for option in ("linear_attn_prefill_backend", "linear_attn_decode_backend"):
             plan[option] = ("triton", "flashinfer is not installed (empty mode)")
-    if platform != "cpu":
-        plan.update(_fp32_hybrid_defaults(server_args))
     if settings.attention_backend is not None:  # e.g. a vendor's backend, from its platform YAML
         plan["attention_backend"] = (settings.attention_backend,
                                      f"attention_backend from {settings.origins['attention_backend']}")

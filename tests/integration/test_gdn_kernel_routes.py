@@ -34,10 +34,16 @@ def routed(sglang_with_plugin):
     backend = importlib.import_module(adapter.GDN_BACKEND_MODULE)
     saved = ([(cls, n, cls.__dict__[n]) for n in gdn.KERNEL_METHODS]
              + [(backend, n, getattr(backend, n)) for n in gdn.BACKEND_GLOBALS])
+    snapshot = cls.__dict__.get("supports_track_state_snapshot")
     gdn.install_kernel_routes(adapter)
     yield cls(), backend
     for owner, name, original in saved:
         setattr(owner, name, original)
+    if snapshot is None:
+        cls.__dict__.get("supports_track_state_snapshot") is None or delattr(
+            cls, "supports_track_state_snapshot")
+    else:
+        cls.supports_track_state_snapshot = snapshot
 
 
 def _inputs(lengths, seed=0):
@@ -61,6 +67,11 @@ def test_every_method_and_global_the_route_replaces_is_routed(routed):
         assert getattr(type(kernel), name).__sglang_fl_routed__, name
     for name in gdn.BACKEND_GLOBALS:
         assert getattr(backend, name).__sglang_fl_routed__, name
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    # 0.5.23's extra-buffer cache then hands extend a snapshot buffer instead of reading h
+    assert getattr(type(kernel), "supports_track_state_snapshot", False) is \
+        get_adapter().GDN_TRACK_STATE_SNAPSHOT
 
 
 def test_extend_runs_the_chunk_op_on_the_pool_slots_and_writes_them_back(routed, caplog):
@@ -168,3 +179,43 @@ def functools_wraps(fn):
     import functools
 
     return functools.wraps(fn)
+
+
+def test_extend_writes_the_tracked_prefix_states_the_extra_buffer_cache_asks_for(routed):
+    """SGLang's track_state contract: row i gets its state after track_chunk_idx[i] * 64
+    tokens of this extend (fp32); rows at -1 are not written; the outputs and final states are
+    those of the call without tracking."""
+    kernel, _ = routed
+    lengths = [150, 40, 200, 70]
+    q, k, v, a, b, a_log, dt_bias, cu, pool = _inputs(lengths, seed=4)
+    g, beta = ref.gdn_gating(a_log, a, b, dt_bias)
+    slots = torch.tensor([4, 1, 0, 3], dtype=torch.int32)
+    chunk_idx = torch.tensor([2, -1, 1, 0], dtype=torch.int32)
+    track = torch.full((4, *pool.shape[1:]), float("nan"))
+    work = pool.clone()
+    out, _, _ = kernel.extend(q, k, v, g, beta, ssm_states=work, cache_indices=slots,
+                              query_start_loc=cu, track_state=track, track_chunk_idx=chunk_idx)
+    want_out, want_final = ref.chunk_gated_delta_rule(q, k, v, g, beta, pool[slots.long()], cu)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(work[slots.long()], want_final)
+    for row, (start, prefix) in {0: (0, 128), 2: (190, 64)}.items():
+        span = slice(start, start + prefix)
+        _, want = ref.chunk_gated_delta_rule(
+            q[:, span], k[:, span], v[:, span], g[:, span], beta[:, span],
+            pool[slots[row].long()].unsqueeze(0), torch.tensor([0, prefix], dtype=torch.int32))
+        torch.testing.assert_close(track[row], want[0])
+    torch.testing.assert_close(track[3], pool[3])  # no token of it yet: its initial state
+    assert track[1].isnan().all()
+
+
+def test_a_call_left_to_sglang_takes_the_snapshot_from_its_per_chunk_states(routed):
+    """h holds every row's chunks, row after row (ceil(length / 64) each): the snapshot of
+    row i is h[first chunk of i + track_chunk_idx[i]]."""
+    from sglang_fl.sglang_glue import gdn
+
+    cu = torch.tensor([0, 150, 190, 390], dtype=torch.int32)  # 3 + 1 + 4 chunks
+    h = torch.arange(8.0).reshape(1, 8, 1, 1, 1).expand(1, 8, 2, 3, 4).to(torch.bfloat16)
+    track = torch.full((3, 2, 3, 4), -1.0)
+    gdn._snapshot_from_chunk_states(h, cu, torch.tensor([2, -1, 1], dtype=torch.int32), track)
+    assert track.dtype == torch.float32
+    assert track[0].eq(2).all() and track[2].eq(5).all()

@@ -227,6 +227,11 @@ class SGLangAdapter:
     GDN_KERNEL_CLASS = "sglang.srt.layers.attention.linear.kernels.gdn_triton:TritonGDNKernel"
     #: The backend module whose globals hold its gating and causal-conv1d kernels.
     GDN_BACKEND_MODULE = "sglang.srt.layers.attention.linear.gdn_backend"
+    #: Whether this version's GDN backend asks its kernel class for a state snapshot
+    #: (``supports_track_state_snapshot``, ``track_state`` / ``track_chunk_idx``) where the
+    #: extra-buffer mamba cache tracks a prefix; without it that cache reads the per-chunk states
+    #: only SGLang's own chunk kernel returns, and the prefill stays SGLang's.
+    GDN_TRACK_STATE_SNAPSHOT = False
 
     def mamba_extra_buffer(self) -> bool:
         """Whether the server's mamba radix cache is the extra-buffer one (it tracks the chunk
@@ -241,10 +246,6 @@ class SGLangAdapter:
     CPU_HYBRID_MISSING_OPS: tuple[str, ...] = ()
     #: CPU server defaults of this version for hybrid (Mamba/GDN) models: option -> (value, why).
     CPU_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
-    #: Accelerator server defaults of this version for float32 hybrid models: option -> (value,
-    #: why). Where the default mamba cache makes SGLang's own chunk kernel run the prefill
-    #: (it refuses float32), these pick one under which sglang-fl's GDN ops run it.
-    FP32_HYBRID_DEFAULTS: dict[str, tuple[object, str]] = {}
     #: The environment variable holding the dtype of the GDN/Mamba conv state (no server option).
     MAMBA_CONV_DTYPE_ENV: str | None = "SGLANG_MAMBA_CONV_DTYPE"
     #: The server option (and value) that turns the prefill CUDA graph off (the command-line

@@ -118,16 +118,9 @@ class SGLang0523(SGLangAdapter):
         "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
                                      "support overlap scheduling"),
     }
-    # On accelerators "auto" is the extra-buffer cache too, whose per-chunk states only
-    # SGLang's chunk kernel returns: the prefill stays SGLang's (sglang_glue/gdn.py), and that
-    # kernel refuses float32 (seen on the H200, 2026-12-03, the tiny fp32 Qwen3.5).
-    FP32_HYBRID_DEFAULTS = {
-        "mamba_radix_cache_strategy": ("no_buffer", "SGLang's chunk kernel, which the "
-                                       "extra-buffer mamba cache needs, refuses float32; with "
-                                       "no_buffer sglang-fl's GDN ops run the prefill"),
-        "disable_overlap_schedule": (True, "the no_buffer mamba cache of hybrid models does not "
-                                     "support overlap scheduling"),
-    }
+    # Its GDN backend takes a prefix's state snapshot from the kernel (track_state), so the
+    # extra-buffer mamba cache (its default on accelerators) needs no per-chunk states.
+    GDN_TRACK_STATE_SNAPSHOT = True
     # intel_amx needs sgl_kernel's CPU build (the plugin's CPU default is torch_native).
     CPU_SPECULATIVE_ATTENTION_BACKENDS = ("intel_amx",)
     CPU_PAGED_KV = True
