@@ -22,12 +22,13 @@
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
 #   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
+#   doctor   sglang-fl doctor (text and --json) on this install -> $OUT/doctor.txt, doctor.json
 #   verify   the whole GPU check of one SGLang bundle inside one device call (~9 minutes):
-#            install; JIT warm (restored from $JIT_CACHE_TGZ when given, else pre-built);
+#            install; doctor; JIT warm (restored from $JIT_CACHE_TGZ when given, else pre-built);
 #            the default GPU suite (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke
 #            (defaults vs SGLang's own kernels where the bundle has them, else vs FlagGems for
 #            every op); then empty mode (dense, MoE, the tiny and the 27B-shaped hybrids);
-#            savejit. Each step's duration goes to $OUT/verify-durations.txt.
+#            doctor again (empty mode); savejit. Each step's duration goes to $OUT/verify-durations.txt.
 #
 #   OUT=/tmp/out benchmarks/gpu_session.sh verify                      # SGLang 0.5.11 bundle
 #   OUT=/tmp/out BUNDLE=wheels/gpu-0.5.23 benchmarks/gpu_session.sh verify
@@ -155,6 +156,15 @@ stage_savejit() {
   tar -czf "$OUT/jit-cache.tgz" -C "$TVM_FFI_CACHE_DIR" . && ls -la "$OUT/jit-cache.tgz"
 }
 
+stage_doctor() {  # stage_doctor [TAG]: sglang-fl doctor on this install -> doctor[TAG].txt/.json
+  local tag=${1:-} rc=0
+  "$PY" -m sglang_fl.cli doctor > "$OUT/doctor$tag.txt" 2>&1 || rc=$?
+  "$PY" -m sglang_fl.cli doctor --json > "$OUT/doctor$tag.json" 2> /dev/null
+  log "doctor$tag: exit $rc (0 ok, 1 warnings, 2 cannot serve)"
+  tail -n 4 "$OUT/doctor$tag.txt"
+  [[ $rc -lt 2 ]]
+}
+
 timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to verify-durations.txt
   local name=$1 t0=$SECONDS rc=0
   shift
@@ -166,6 +176,7 @@ timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to verify-duration
 stage_verify() {
   : > "$OUT/verify-durations.txt"
   timed install stage_install || return 1
+  timed doctor stage_doctor
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     log "JIT cache restored by install: no prebuild"
   else
@@ -183,6 +194,7 @@ stage_verify() {
     timed tests stage_tests
   wait "$smoke"; tail -n 25 "$OUT/smoke.log"
   EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-330} timed emptymode stage_emptymode
+  timed doctor-empty stage_doctor -empty  # the same install, empty mode now
   timed savejit stage_savejit
   # The device tool returns 8 files: the rest of the logs go back as one tarball.
   (cd "$OUT" && tar -czf verify-logs.tgz --exclude=jit-cache.tgz --exclude=verify-logs.tgz -- * \
