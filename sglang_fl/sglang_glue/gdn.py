@@ -30,6 +30,7 @@ have no layer.
 from __future__ import annotations
 
 import functools
+import itertools
 
 #: torch.library schemas of the sgl_kernel ops SGLang looks up at import (empty mode).
 TORCH_OP_SCHEMAS = {
@@ -200,47 +201,27 @@ def _snapshot_states(q, k, v, g, beta, states, query_start_loc, track_chunk_idx,
             spans.append((starts[i], length))
     if not picked:
         return
-    device = q.device
-    tokens = torch.cat([torch.arange(s, s + n, device=device) for s, n in spans])
-    cu = [0]
-    for _, n in spans:
-        cu.append(cu[-1] + n)
-    cu = torch.tensor(cu, dtype=query_start_loc.dtype, device=query_start_loc.device)
+    tokens = torch.cat([torch.arange(s, s + n, device=q.device) for s, n in spans])
+    cu = torch.tensor([0, *itertools.accumulate(n for _, n in spans)],
+                      dtype=query_start_loc.dtype, device=query_start_loc.device)
     _, final = _call("chunk_gated_delta_rule", "TritonGDNKernel.extend", q[:, tokens],
                      k[:, tokens], v[:, tokens], g[:, tokens], beta[:, tokens],
                      states[picked], cu, None, True)
     track_state[picked] = final.float()
 
 
-def _snapshot_from_chunk_states(h, query_start_loc, track_chunk_idx, track_state) -> None:
-    """The same snapshot taken from SGLang's own kernel's per-chunk states ``h`` ([1, chunks
-    of all rows, HV, V, K]; row ``i``'s chunks after those of the rows before it), for a call
-    left to SGLang: its kernel ignores ``track_state`` once the class says it takes one."""
-    import torch
-
-    lengths = query_start_loc.reshape(-1).diff().to(torch.int64)
-    per_row = (lengths + TRACK_CHUNK - 1) // TRACK_CHUNK
-    first = per_row.cumsum(0) - per_row
-    h = h.reshape(-1, *h.shape[-3:])
-    index = (first + track_chunk_idx.to(torch.int64).clamp(min=0)).clamp(max=h.shape[0] - 1)
-    track_state.copy_(h[index].float())  # rows without a tracked prefix are not read
-
-
 def _routed_extend(original):
     def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **kwargs):
-        track_state, track_chunk_idx = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
         if kwargs.get("inplace_update", True) is False or _chunk_states_needed():
             _left_to_sglang("TritonGDNKernel.extend", "multi-item scoring (inplace_update=False)"
                             if kwargs.get("inplace_update", True) is False else
                             "the extra-buffer mamba radix cache reads the kernel's per-chunk states")
-            result = original(self, q, k, v, g, beta, ssm_states=ssm_states,
-                              cache_indices=cache_indices, query_start_loc=query_start_loc,
-                              **kwargs)
-            if track_state is not None and track_chunk_idx is not None:
-                _snapshot_from_chunk_states(result[2], query_start_loc, track_chunk_idx,
-                                            track_state)
-            return result
+            # (SGLang passes no track_state to these: multi-item scoring never tracks, and
+            # without GDN_TRACK_STATE_SNAPSHOT the class does not ask for one.)
+            return original(self, q, k, v, g, beta, ssm_states=ssm_states,
+                            cache_indices=cache_indices, query_start_loc=query_start_loc, **kwargs)
         states = ssm_states[cache_indices]
+        track_state, track_chunk_idx = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
         if track_state is not None and track_chunk_idx is not None:
             _snapshot_states(q, k, v, g, beta, states, query_start_loc, track_chunk_idx,
                              track_state)

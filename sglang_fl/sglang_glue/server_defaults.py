@@ -91,10 +91,9 @@ def _plan(settings, server_args) -> dict[str, tuple[object, str]]:
                                      f"attention_backend from {settings.origins['attention_backend']}")
     if importlib.util.find_spec("xgrammar") is None:  # else SGLang's scheduler dies at start
         plan["grammar_backend"] = ("none", "xgrammar is not installed")
-    prefill_graph_off = get_adapter().prefill_graph_off_default(server_args) if platform == "cuda" else None
-    if prefill_graph_off is not None:
-        option, value = prefill_graph_off
-        plan[option] = (value, "piecewise (prefill) CUDA graph is incompatible with FlagGems")
+    off = get_adapter().prefill_graph_off_default(server_args) if platform == "cuda" else None
+    if off is not None:
+        plan[off[0]] = (off[1], "piecewise (prefill) CUDA graph is incompatible with FlagGems")
     return plan
 
 

@@ -206,16 +206,3 @@ def test_extend_writes_the_tracked_prefix_states_the_extra_buffer_cache_asks_for
         torch.testing.assert_close(track[row], want[0])
     torch.testing.assert_close(track[3], pool[3])  # no token of it yet: its initial state
     assert track[1].isnan().all()
-
-
-def test_a_call_left_to_sglang_takes_the_snapshot_from_its_per_chunk_states(routed):
-    """h holds every row's chunks, row after row (ceil(length / 64) each): the snapshot of
-    row i is h[first chunk of i + track_chunk_idx[i]]."""
-    from sglang_fl.sglang_glue import gdn
-
-    cu = torch.tensor([0, 150, 190, 390], dtype=torch.int32)  # 3 + 1 + 4 chunks
-    h = torch.arange(8.0).reshape(1, 8, 1, 1, 1).expand(1, 8, 2, 3, 4).to(torch.bfloat16)
-    track = torch.full((3, 2, 3, 4), -1.0)
-    gdn._snapshot_from_chunk_states(h, cu, torch.tensor([2, -1, 1], dtype=torch.int32), track)
-    assert track.dtype == torch.float32
-    assert track[0].eq(2).all() and track[2].eq(5).all()

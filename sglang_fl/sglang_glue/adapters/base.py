@@ -251,14 +251,15 @@ class SGLangAdapter:
     #: The server option (and value) that turns the prefill CUDA graph off (the command-line
     #: spelling; a platform default goes through `prefill_graph_off_default`).
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+    #: The option capping the batch sizes captured by the decode CUDA graph.
+    DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
 
     def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
         """The field (and value) a platform default writes to turn the prefill CUDA graph
         off, None when it is off already. Here the option itself: 0.5.11 applies platform
         defaults before it reads it."""
         return self.PREFILL_GRAPH_OFF
-    #: The option capping the batch sizes captured by the decode CUDA graph.
-    DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
+
     #: Attention backends for which this version builds EAGLE/NEXTN (MTP) draft backends on CPU
     #: (its ``DraftBackendFactory`` table); none in 0.5.11, whose table is GPU/NPU kernels only.
     CPU_SPECULATIVE_ATTENTION_BACKENDS: tuple[str, ...] = ()
