@@ -114,7 +114,7 @@ def test_chunk_gated_delta_rule(backend, reference, heads, lengths, with_state, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("batch", [1, 3, 32, 80])  # 80: past FlagGems' 64-token kernel switch
 def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference, batch, dtype):
     fn = implements(backend, "recurrent_gated_delta_rule").fn
     heads = HEADS[0]
@@ -187,7 +187,7 @@ def test_rms_norm_gated(backend, reference, tokens, norm_before_gate, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("batch", [1, 3, 32, 80])  # 80: past FlagGems' 64-token kernel switch
 @pytest.mark.parametrize("heads", grid(HEADS, DEFAULT_HEADS), ids=lambda h: f"h{h[0]}-hv{h[1]}")
 def test_packed_recurrent_gated_delta_rule(backend, reference, heads, batch, dtype):
     """The packed decode (rows q | k | v, as TritonGDNKernel.packed_decode gets them) against the

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
-from sglang_fl.dispatch.limits import accepts
 from sglang_fl.dispatch.types import BackendImplKind
 
 
@@ -47,6 +46,10 @@ def ensure_triton_allocator(device: str) -> None:
         return torch.empty(size, dtype=torch.int8, device=device)
 
     triton.set_allocator(alloc)
+
+
+#: The most tokens one call of FlagGems' fused recurrent GDN kernel gets (`FlagGemsBackend._recurrent`).
+RECURRENT_WINDOW = 64
 
 
 class FlagGemsBackend(Backend):
@@ -176,20 +179,56 @@ class FlagGemsBackend(Backend):
             q, k = _l2norm(q.float()).to(q.dtype), _l2norm(k.float()).to(k.dtype)
         return _expand_heads(q, hv).contiguous(), _expand_heads(k, hv).contiguous()
 
-    @accepts(q=("bfloat16", "float16"),
-             why="FlagGems' chunk kernel is FLA's below the check that refuses float32 in SGLang's "
-                 "twin; not validated in float32")
+    def _recurrent(self, q, k, v, g, beta, scale, h, cu_seqlens):
+        """FlagGems' fused recurrent kernel over a varlen batch: ``h`` ([N, HV, K, V] float32,
+        one row per sequence of ``cu_seqlens``) holds the initial states and receives the final
+        ones, in place; returns the output [1, T, HV, V].
+
+        FlagGems 5.0.2 runs a call of more than 64 tokens through another kernel that reads
+        and writes states as [V, K], not [K, V] (a silent transpose), and its in-place store
+        writes token ``t`` of sequence ``n`` to ``ssm_state_indices[n, t]`` (a 1-D index
+        vector is right only for one token per sequence). So the tokens go in windows of at
+        most `RECURRENT_WINDOW`, with a [N, window] index of each sequence's own row, the
+        state carried from one window to the next; a sequence with no token in a window is
+        skipped by the kernel. The window count depends on T only: CUDA graph capture works."""
+        import torch
+
+        total, n = q.shape[1], cu_seqlens.numel() - 1
+        cu = cu_seqlens.to(torch.int64)
+        rows = torch.arange(n, dtype=torch.int32, device=q.device).view(n, 1)
+        outs = []
+        for t0 in range(0, total, RECURRENT_WINDOW):
+            t1 = min(t0 + RECURRENT_WINDOW, total)
+            window = slice(t0, t1)
+            out, _ = self._gems.fused_recurrent_gated_delta_rule_fwd(
+                q[:, window], k[:, window], v[:, window], g[:, window], beta[:, window], scale, h,
+                inplace_final_state=True, cu_seqlens=cu if total <= RECURRENT_WINDOW
+                else cu.clamp(t0, t1) - t0,
+                ssm_state_indices=rows.expand(n, t1 - t0).contiguous())
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
     def chunk_gated_delta_rule(self, obj, q, k, v, g, beta, initial_state, cu_seqlens, scale=None,
                                use_qk_l2norm=True):
+        """bf16/fp16: FlagGems' chunk kernel. float32: its fused recurrent kernel over the whole
+        prompt instead, because the chunk kernel's matrix products run in TF32 in float32
+        (~1e-3 off, seen on the H200; SGLang's twin refuses float32 for this reason), while the
+        recurrent one is element-wise fp32 math: a float32 prefill stays exact on the GPU
+        instead of going to the PyTorch reference."""
         import torch
 
         ensure_triton_allocator(self._device)
         hv = v.shape[2]
         q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
         scale = k.shape[-1] ** -0.5 if scale is None else scale
+        n = cu_seqlens.numel() - 1
         h0 = (initial_state.float().transpose(-1, -2).contiguous() if initial_state is not None
-              else torch.zeros(cu_seqlens.numel() - 1, hv, k.shape[-1], v.shape[-1],
-                               dtype=torch.float32, device=v.device))
+              else torch.zeros(n, hv, k.shape[-1], v.shape[-1], dtype=torch.float32,
+                               device=v.device))
+        if q.dtype == torch.float32:
+            out = self._recurrent(q, k, v.contiguous(), g.float().contiguous(),
+                                  beta.float().contiguous(), scale, h0, cu_seqlens)
+            return out, h0.transpose(-1, -2).contiguous()
         _, out, _, final, *_ = self._gems.chunk_gated_delta_rule_fwd(
             q, k, v.contiguous(), g.float().contiguous(), beta.contiguous(), scale, h0, True,
             cu_seqlens=cu_seqlens.to(torch.int64))
@@ -215,11 +254,9 @@ class FlagGemsBackend(Backend):
         has = (idx >= 0).view(-1, 1, 1, 1)
         safe = idx.clamp(min=0)
         old = state.index_select(0, safe)
-        h0 = torch.where(has, old.float(), 0.0).transpose(-1, -2).contiguous()
-        out, h = self._gems.fused_recurrent_gated_delta_rule_fwd(
-            q, k, v.contiguous(), g.contiguous(), beta.contiguous(), scale, h0,
-            inplace_final_state=True, cu_seqlens=cu_seqlens.to(torch.int64),
-            ssm_state_indices=torch.arange(idx.numel(), dtype=torch.int32, device=v.device))
+        h = torch.where(has, old.float(), 0.0).transpose(-1, -2).contiguous()
+        out = self._recurrent(q, k, v.contiguous(), g.contiguous(), beta.contiguous(), scale, h,
+                              cu_seqlens)
         change = torch.where(has, h.transpose(-1, -2) - old.float(), 0.0)
         state.index_put_((safe,), change.to(state.dtype), accumulate=True)
         return out.to(q.dtype)
