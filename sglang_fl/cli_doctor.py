@@ -39,6 +39,10 @@ def format_report(r: dict) -> str:
         lines.append(f"install     {mode}" + (f"; set {env}" if env else ""))
         lines.append(f"compat      {len(e['ledger'])} ledger entries active:")
         lines += [f"              {p['name']:<30} {p['why']}" for p in e["ledger"]]
+    if r.get("radix_cache"):
+        c = r["radix_cache"]
+        why = f"; Rust TreeCore: {c['rust_problem']}" if c["rust_problem"] else ""
+        lines.append(f"radix cache {c['tree_core']} TreeCore (from {c['from']}){why}")
     if "layer1" in r:
         one = r["layer1"]
         ops = ", ".join(one["ops"]) or "none"

@@ -45,6 +45,7 @@ def run_doctor() -> dict:
     if not _adapter(report, findings):
         return _verdict(report, findings, start)
     report["empty_mode"] = _empty_mode()
+    report["radix_cache"] = _radix_cache(findings)
     report["layer1"] = _layer1(settings, findings)
     report["dispatch"] = _dispatch(settings, findings)
     report["distributed"] = _distributed(settings, findings)
@@ -97,6 +98,27 @@ def _empty_mode() -> dict:
                        for p in compat.active_entries()]}
 
 
+def _radix_cache(findings: _Findings) -> dict | None:
+    """The radix cache's TreeCore as the server will pick it (compat fix ``rust_tree_core``),
+    where this SGLang version has a choice. Falling back to SGLang's Python TreeCore is a
+    decision, not a departure; a user who named the Rust one that fails here gets a warning."""
+    from sglang_fl.compat.fixes import tree_core_decision
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    if adapter.TREE_CORE_REGISTRY is None:
+        return None
+    user = adapter.tree_core_user_choice()
+    problem = adapter.rust_tree_core_problem() if user in (None, "rust") else None
+    backend, reason = tree_core_decision("rust", user, lambda: problem)
+    if user == "rust" and problem:
+        findings.warn("radix_cache", f"{adapter.TREE_CORE_ENV}=rust, but the Rust TreeCore's "
+                                     f"{problem}: the first request will fail")
+    origin = (f"{adapter.TREE_CORE_ENV}={user}" if user is not None
+              else "sglang-fl fix rust_tree_core" if reason else "SGLang's default")
+    return {"tree_core": backend, "from": origin, "rust_problem": problem}
+
+
 def _layer1(settings, findings: _Findings) -> dict:
     from sglang_fl.aten import layer1_plan
 
@@ -131,7 +153,30 @@ def _dispatch(settings, findings: _Findings) -> dict:
     for r in resolved.values():  # each bucket's own order too; the server logs the same line
         if r.passed_over:
             findings.warn("dispatch", describe_passed_over(r))
+    if settings.platform != "cpu":
+        for key, r in resolved.items():
+            slow = reference_routes(r)
+            if slow:
+                findings.warn("dispatch", f"{key} on {settings.platform}: {slow} go to the "
+                                          "pure-PyTorch reference (a slow path on an accelerator)")
     return report
+
+
+def reference_routes(resolved) -> str | None:
+    """Which calls of a resolved op an accelerator would run on the PyTorch reference: all of
+    them (the reference is the choice), or the float dtypes that every earlier candidate's
+    declared limits decline (a served fp32 model's GDN prefill once went there unnoticed)."""
+    from sglang_fl.dispatch.types import BackendImplKind
+
+    if resolved.impl.kind is BackendImplKind.REFERENCE:
+        return "all its calls"
+    dtypes = []
+    for dtype in ("bfloat16", "float16", "float32"):
+        taker = next((i for i in resolved.candidates if i.limits is None
+                      or all(dtype in names for _, names in i.limits.dtypes)), None)
+        if taker is not None and taker.kind is BackendImplKind.REFERENCE:
+            dtypes.append(dtype)
+    return f"{'/'.join(dtypes)} inputs" if dtypes else None
 
 
 def _distributed(settings, findings: _Findings) -> dict:

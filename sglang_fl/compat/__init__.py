@@ -141,6 +141,16 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    prefix's state instead of SGLang's per-chunk states). Upstream: none (SGLang's
    ``LinearAttnKernelBase`` registry could take an out-of-tree kernel class). Remove when SGLang
    lets a platform plugin supply the GDN kernel backend.
+20. ``fix:rust_tree_core`` (SGLang 0.5.23, ``mem_cache/unified_cache/tree_core_registry.py``) --
+   the radix cache's default TreeCore is a Rust extension prebuilt in the wheel against the torch
+   SGLang pins (2.14.1); SGLang only checks that torch is within 2.11-2.14 (what a source build
+   supports), and under torch 2.11 (the H200 image) the prebuilt extension misreads tensors:
+   every server with the radix cache on died on its first prefill ("Rust TreeCore panicked:
+   UnknownKind(19)", seen 2026-12-03). How: wrap ``resolve_tree_core_backend``: where SGLang
+   picks the Rust core by default, one key is inserted into a fresh one (once per process); if
+   that fails, SGLang's Python TreeCore, with one warning naming why (`fixes`). A user's
+   ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is kept. ``sglang-fl doctor`` shows the decision.
+   Upstream: none. Remove when SGLang checks its prebuilt extension against the running torch.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -262,6 +272,12 @@ LEDGER: tuple[Patch, ...] = (
     Patch("swap:is_cuda", "0.5.23's DualGemm imports its CuTe-DSL kernel (cutlass) on any CUDA "
           "host while building each MLP", "rebind dual_gemm.is_cuda to answer no when cutlass "
           "is absent", "none", "SGLang guards the cutlass import"),
+    Patch("fix:rust_tree_core", "0.5.23's prebuilt Rust TreeCore (built against torch 2.14) "
+          "misreads tensors under other torch releases (torch 2.11: every radix-cache server "
+          "died on its first prefill)", "wrap resolve_tree_core_backend: a one-key insert into "
+          "a fresh Rust core once per process; on failure SGLang's Python TreeCore, warned once; "
+          "the user's SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND kept", "none",
+          "SGLang checks its prebuilt extension against the running torch"),
     Patch("swap:is_arch_support_pdl", "0.5.23's Triton attention backend asks sgl_kernel about "
           "PDL on CUDA hosts", "rebind it to answer no when sgl_kernel is absent", "none",
           "SGLang guards the sgl_kernel call"),

@@ -32,6 +32,19 @@ process itself, stops the children as SGLang does and then exits with status 0. 
 call keeps SGLang's behaviour, so a crash (a child's SIGQUIT, a failed health check during the
 drain) still ends with SIGKILL and a non-zero status. 0.5.23 already ends its drain with
 ``sys.exit(0)`` (or its server's stop hook) after stopping the children only.
+
+``rust_tree_core`` (SGLang 0.5.23; the adapter's ``TREE_CORE_REGISTRY``): the radix cache runs on
+a Rust TreeCore by default, an extension in the wheel compiled against the torch SGLang pins
+(2.14.1). SGLang's own gate only checks that torch is within 2.11-2.14, the range a source
+build supports, so under another torch release the prebuilt extension reads tensors through
+the wrong C++ layouts: on the H200 image (torch 2.11) every server died on its first prefill
+(``Rust TreeCore panicked: ... UnknownKind(19)``). The wrapper around
+``resolve_tree_core_backend`` checks the Rust core once per process (a one-key insert, the call
+that panicked: `SGLangAdapter.rust_tree_core_problem`) where SGLang would pick it by default,
+and picks SGLang's Python TreeCore when that fails, with one warning naming why. A TreeCore the
+user named (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``, or a cache's own override) is kept.
+``sglang-fl doctor`` shows the same decision. Remove when SGLang checks the ABI of its
+prebuilt extension itself.
 """
 
 from __future__ import annotations
@@ -218,9 +231,58 @@ def fix_sigterm_exit_status(module) -> None:
     logger.debug("fix: %s: a clean SIGTERM stop exits with status 0", module.__name__)
 
 
+def tree_core_decision(selected: str, user_choice: str | None, problem) -> tuple[str, str | None]:
+    """(TreeCore to use, why it differs from ``selected``) for SGLang's default choice
+    ``selected``; ``problem()`` says why the Rust one cannot serve (None: it can)."""
+    if selected != "rust" or user_choice is not None:
+        return selected, None
+    reason = problem()
+    return ("rust", None) if reason is None else ("python", reason)
+
+
+def fix_rust_tree_core(module) -> None:
+    """``after`` hook of SGLang's TreeCore registry module (idempotent)."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    original = getattr(module, "resolve_tree_core_backend", None)
+    if original is None:
+        raise RuntimeError(
+            f"sglang-fl fix rust_tree_core: {module.__name__}.resolve_tree_core_backend no longer "
+            "exists in this SGLang version; check how it picks its TreeCore and update "
+            "sglang_fl/compat/fixes.py (and the adapter's TREE_CORE_REGISTRY)")
+    if getattr(original, FIXED_MARK, False):
+        return
+    adapter = get_adapter()
+    problem = functools.cache(lambda: adapter.rust_tree_core_problem())
+    warned = []
+
+    @functools.wraps(original)
+    def resolve_tree_core_backend(name, params):
+        selected = original(name, params)
+        if getattr(params, "tree_core_backend", None) is not None:  # the cache's own choice
+            return selected
+        backend, reason = tree_core_decision(selected, adapter.tree_core_user_choice(), problem)
+        if reason is not None and not warned:
+            warned.append(reason)
+            logger.warning("radix cache: using SGLang's Python TreeCore, because the Rust TreeCore's "
+                           "%s (sglang-fl fix rust_tree_core; %s=rust keeps the Rust one)",
+                           reason, adapter.TREE_CORE_ENV)
+        return backend
+
+    setattr(resolve_tree_core_backend, FIXED_MARK, True)
+    module.resolve_tree_core_backend = resolve_tree_core_backend
+    applied.append("rust_tree_core")
+    logger.debug("fix: %s.resolve_tree_core_backend checks the Rust TreeCore before using it",
+                 module.__name__)
+
+
 def install() -> None:
     from sglang_fl.compat.module_hooks import add_hook
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
     add_hook(tokenizer_manager_module(), after=fix_request_state_leak)
     add_hook(tokenizer_manager_module(), after=fix_sigterm_exit_status)
     add_hook(xgrammar_backend_module(), after=fix_grammar_mask_device)
+    registry = get_adapter().TREE_CORE_REGISTRY
+    if registry is not None:
+        add_hook(registry, after=fix_rust_tree_core)

@@ -18,7 +18,7 @@ from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.limits import InputsDeclined
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import BackendStatus, NoImplementationError, OpImpl
+from sglang_fl.dispatch.types import BackendImplKind, BackendStatus, NoImplementationError, OpImpl
 from sglang_fl.logging_setup import get_logger
 from sglang_fl.metrics import record_fallback, record_route
 
@@ -125,8 +125,11 @@ class ResolvedOp:
                 return
             self.declines[key] = nxt.impl_id if nxt else None
         record_fallback(self.op_name, impl.impl_id, nxt.impl_id if nxt else "none", "declined")
-        logger.warning("op %r: impl %r declined the inputs: %s; this call goes to %s (logged "
-                       "once)", self.op_name, impl.impl_id, exc, nxt.impl_id if nxt else "nothing")
+        slow = (" (the pure-PyTorch reference: a slow path on an accelerator)"
+                if nxt is not None and nxt.kind is BackendImplKind.REFERENCE else "")
+        logger.warning("op %r: impl %r declined the inputs: %s; this call goes to %s%s (logged "
+                       "once)", self.op_name, impl.impl_id, exc, nxt.impl_id if nxt else "nothing",
+                       slow)
 
 
 class OpManager:

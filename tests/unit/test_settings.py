@@ -252,3 +252,24 @@ def test_cuda_yaml_moe_orders_follow_the_h200_data():
     assert s.op_backends["fused_moe@decode"][0] == "flagos"
     assert s.op_backends["fused_moe@prefill"][0] == "vendor"
     assert "fused_moe" not in s.op_backends  # no op-wide order hiding the buckets
+
+
+def test_cuda_yaml_orders_start_with_a_kind_that_implements_the_op():
+    """A default CUDA install resolves every op to the first kind of its order (a doctor that
+    warns 'preferred flagos unavailable' on a default install teaches operators to ignore it):
+    every op the CUDA platform orders, FlagGems' ops included, starts with a backend class that
+    defines it (FlagGems has no GDN gating, conv1d or gated RMSNorm: those start with vendor)."""
+    from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
+    from sglang_fl.dispatch.backends.vendor.cuda.backend import CudaBackend
+    from sglang_fl.dispatch.ops import OP_NAMES
+
+    s = build(platform="cuda")
+    classes = {"flagos": FlagGemsBackend, "vendor": CudaBackend}
+    for key, order in s.op_backends.items():
+        op = key.split("@")[0]
+        assert op in OP_NAMES, key
+        assert callable(getattr(classes[order[0]], op, None)), f"{key}: {order[0]} has no {op}"
+    for op in ("gdn_gating", "causal_conv1d", "causal_conv1d_update", "rms_norm_gated",
+               "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+               "packed_recurrent_gated_delta_rule"):
+        assert op in s.op_backends, f"cuda.yaml gives {op} no order of its own"

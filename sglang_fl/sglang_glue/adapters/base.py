@@ -240,6 +240,23 @@ class SGLangAdapter:
 
         return bool(get_global_server_args().enable_mamba_extra_buffer())
 
+    # -- radix cache -----------------------------------------------------------------------------
+    #: The module whose ``resolve_tree_core_backend(name, params)`` picks the radix cache's
+    #: TreeCore (``"rust"`` or ``"python"``); None where this version has one tree only (compat
+    #: fix ``rust_tree_core``).
+    TREE_CORE_REGISTRY: str | None = None
+    #: SGLang's environment variable naming the TreeCore (the user's choice when set).
+    TREE_CORE_ENV: str | None = None
+
+    def tree_core_user_choice(self) -> str | None:
+        """The TreeCore the user named through `TREE_CORE_ENV`, None when unset."""
+        return None
+
+    def rust_tree_core_problem(self) -> str | None:
+        """Why SGLang's bundled Rust TreeCore cannot serve in this process, None when it can
+        (or when this version has none)."""
+        return None
+
     # -- server defaults -------------------------------------------------------------------------
     #: sgl_kernel CPU ops this version's Qwen3.5/3.6 model module looks up at import that empty
     #: mode does not provide: while any is listed, SGLang skips that model on CPU.
