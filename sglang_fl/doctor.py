@@ -108,15 +108,22 @@ def _radix_cache(findings: _Findings) -> dict | None:
     adapter = get_adapter()
     if adapter.TREE_CORE_REGISTRY is None:
         return None
+    from sglang_fl.config import get_settings
+    from sglang_fl.devices import DEVICE_TYPE
+
+    device = DEVICE_TYPE.get(get_settings().platform, "cpu")
+    if device not in ("cpu", "cuda"):  # SGLang's own gate: the Rust core is CPU/CUDA only
+        return {"tree_core": "python", "from": f"SGLang (no Rust TreeCore on {device})",
+                "device": device, "rust_problem": None}
     user = adapter.tree_core_user_choice()
-    problem = adapter.rust_tree_core_problem() if user in (None, "rust") else None
+    problem = adapter.rust_tree_core_problem(device) if user in (None, "rust") else None
     backend, reason = tree_core_decision("rust", user, lambda: problem)
     if user == "rust" and problem:
         findings.warn("radix_cache", f"{adapter.TREE_CORE_ENV}=rust, but the Rust TreeCore's "
                                      f"{problem}: the first request will fail")
     origin = (f"{adapter.TREE_CORE_ENV}={user}" if user is not None
               else "sglang-fl fix rust_tree_core" if reason else "SGLang's default")
-    return {"tree_core": backend, "from": origin, "rust_problem": problem}
+    return {"tree_core": backend, "from": origin, "device": device, "rust_problem": problem}
 
 
 def _layer1(settings, findings: _Findings) -> dict:

@@ -253,7 +253,7 @@ def fix_rust_tree_core(module) -> None:
     if getattr(original, FIXED_MARK, False):
         return
     adapter = get_adapter()
-    problem = functools.cache(lambda: adapter.rust_tree_core_problem())
+    problem = functools.cache(lambda device: adapter.rust_tree_core_problem(device))
     warned = []
 
     @functools.wraps(original)
@@ -261,7 +261,10 @@ def fix_rust_tree_core(module) -> None:
         selected = original(name, params)
         if getattr(params, "tree_core_backend", None) is not None:  # the cache's own choice
             return selected
-        backend, reason = tree_core_decision(selected, adapter.tree_core_user_choice(), problem)
+        allocator = getattr(params, "token_to_kv_pool_allocator", None)
+        device = str(getattr(allocator, "device", None) or "cpu")
+        backend, reason = tree_core_decision(selected, adapter.tree_core_user_choice(),
+                                             lambda: problem(device))
         if reason is not None and not warned:
             warned.append(reason)
             logger.warning("radix cache: using SGLang's Python TreeCore, because the Rust TreeCore's "

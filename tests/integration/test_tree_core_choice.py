@@ -66,8 +66,8 @@ def _fixed_copy(registry, monkeypatch, problem):
     """SGLang's own resolution, wrapped afresh, with the adapter's check answering ``problem``."""
     calls = []
 
-    def check():
-        calls.append(1)
+    def check(device="cpu"):
+        calls.append(device)
         return problem
 
     monkeypatch.setattr(get_adapter(), "rust_tree_core_problem", check)
@@ -83,7 +83,7 @@ def test_a_failing_rust_core_gives_the_python_one_with_one_warning(registry, mon
     with caplog.at_level(logging.WARNING, logger="sglang_fl.compat"):
         assert resolve("rust", _params()) == "python"
         assert resolve("rust", _params()) == "python"
-    assert len(calls) == 1  # checked once per process
+    assert calls == ["cpu"]  # checked once per process and device
     warnings = [r.getMessage() for r in caplog.records if "TreeCore" in r.getMessage()]
     assert len(warnings) == 1 and "UnknownKind(19)" in warnings[0] and f"{ENV}=rust" in warnings[0]
 
@@ -103,8 +103,8 @@ def test_doctor_shows_the_decision(registry, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     report = run_doctor()
     assert report["radix_cache"] == {"tree_core": "rust", "from": "SGLang's default",
-                                     "rust_problem": None}
-    monkeypatch.setattr(get_adapter(), "rust_tree_core_problem", lambda: "it fails")
+                                     "device": "cpu", "rust_problem": None}
+    monkeypatch.setattr(get_adapter(), "rust_tree_core_problem", lambda device: "it fails")
     report = run_doctor()
     assert report["radix_cache"]["tree_core"] == "python"
     assert report["radix_cache"]["from"] == "sglang-fl fix rust_tree_core"

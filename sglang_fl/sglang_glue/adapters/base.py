@@ -252,9 +252,9 @@ class SGLangAdapter:
         """The TreeCore the user named through `TREE_CORE_ENV`, None when unset."""
         return None
 
-    def rust_tree_core_problem(self) -> str | None:
-        """Why SGLang's bundled Rust TreeCore cannot serve in this process, None when it can
-        (or when this version has none)."""
+    def rust_tree_core_problem(self, device: str = "cpu") -> str | None:
+        """Why SGLang's bundled Rust TreeCore cannot serve a cache on ``device`` in this
+        process, None when it can (or when this version has none)."""
         return None
 
     # -- server defaults -------------------------------------------------------------------------

@@ -160,8 +160,8 @@ class SGLang0523(SGLangAdapter):
         var = envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND
         return var.get() if var.is_set() else None
 
-    def rust_tree_core_problem(self) -> str | None:
-        """One key inserted into a fresh Rust TreeCore on CPU tensors, through SGLang's own
+    def rust_tree_core_problem(self, device: str = "cpu") -> str | None:
+        """One key inserted into a fresh Rust TreeCore on ``device``, through SGLang's own
         adapter class: the call that panicked on SGLang's first prefill on the H200 image
         (``UnknownKind(19)`` from tch, torch 2.11). The extension in the wheel is compiled
         against the torch SGLang pins, and it reads tensors through that torch's C++ headers:
@@ -183,7 +183,8 @@ class SGLang0523(SGLangAdapter):
                 disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
                 page_size=1, tree_components=(ComponentType.FULL,)))
             core.begin_insert(InsertParams(key=RadixKey(array("q", [1, 2, 3])),
-                                           value=torch.arange(3, dtype=torch.int64)))
+                                           value=torch.arange(3, dtype=torch.int64,
+                                                              device=device)))
             if core.has_ongoing_insert():
                 core.end_insert()
             if core.evictable_size() != 3:
@@ -193,7 +194,7 @@ class SGLang0523(SGLangAdapter):
             pins = [r for r in importlib.metadata.requires("sglang") or ()
                     if r.replace(" ", "").startswith("torch==")]
             built = f"built for {pins[0].replace(' ', '')}" if pins else "prebuilt"
-            return (f"its bundled extension ({built}) fails a one-key insert under torch "
+            return (f"its bundled extension ({built}) fails a one-key insert on {device} under torch "
                     f"{torch.__version__}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
 
     # Split per phase; the old name is now an ambiguous argparse prefix.
