@@ -23,12 +23,18 @@
 #   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
 #   doctor   sglang-fl doctor (text and --json) on this install -> $OUT/doctor.txt, doctor.json
-#   verify   the whole GPU check of one SGLang bundle inside one device call (~9 minutes):
-#            install; doctor; JIT warm (restored from $JIT_CACHE_TGZ when given, else pre-built);
-#            the default GPU suite (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke
-#            (defaults vs SGLang's own kernels where the bundle has them, else vs FlagGems for
-#            every op); then empty mode (dense, MoE, the tiny and the 27B-shaped hybrids);
-#            doctor again (empty mode); savejit. Each step's duration goes to $OUT/verify-durations.txt.
+#   treecore tools/diagnose_tree_core.py -> $OUT/tree-core.txt (SGLang 0.5.23's Rust TreeCore)
+#   profile  benchmarks/decode_profile.py on $MODEL_DIR (PROFILE_ARGS adds arguments): decode
+#            step wall vs GPU time from SGLang's torch-profiler trace, py-spy of the scheduler
+#            -> $OUT/profile.log, $OUT/decode-profile-<sglang version>.json
+#   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
+#            fresh machine): install; treecore; doctor and the model beside the JIT warm-up
+#            (restored from $JIT_CACHE_TGZ when given, else pre-built); the default GPU suite
+#            (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke (defaults vs SGLang's
+#            own kernels where the bundle has them, else vs FlagGems for every op); then the
+#            four empty-mode servers at once (dense, MoE, the tiny and the 27B-shaped hybrids);
+#            doctor again (empty mode) beside savejit. Each step's duration and the total go to
+#            $OUT/verify-durations.txt.
 #
 #   OUT=/tmp/out benchmarks/gpu_session.sh verify                      # SGLang 0.5.11 bundle
 #   OUT=/tmp/out BUNDLE=wheels/gpu-0.5.23 benchmarks/gpu_session.sh verify
@@ -107,8 +113,10 @@ stage_emptymode() {
   ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1 || drop=(sglang-kernel)
   log "empty mode: uninstall ${drop[*]}, then the served GPU test"
   "$PY" -m pip uninstall -q -y "${drop[@]}" 2>/dev/null
+  # The four servers at once (EMPTY_WORKERS, pytest-xdist): the GPU holds them all.
   timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q -s \
-    -p no:cacheprovider -o addopts="-rfEs" 2>&1 | tee "$OUT/gpu-empty-mode.log" | tail -n 40
+    -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" 2>&1 \
+    | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
 
 stage_jit() {
@@ -173,32 +181,57 @@ timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to verify-duration
   return $rc
 }
 
+stage_treecore() {  # SGLang 0.5.23's Rust TreeCore under this torch: which tensor, which kind
+  timeout 120 "$PY" tools/diagnose_tree_core.py 2>&1 | grep -v -i "warn" | tee "$OUT/tree-core.txt"
+}
+
+stage_profile() {
+  log "decode profile (torch profiler trace + py-spy) on $MODEL_DIR"
+  args "${PROFILE_ARGS:-}"
+  timeout "${PROFILE_TIMEOUT:-400}" "$PY" benchmarks/decode_profile.py --model "$MODEL_DIR" \
+    --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" | tail -n 30
+  cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
+}
+
+sglang_version() { "$PY" -c "import importlib.metadata as m; print(m.version('sglang'))"; }
+
 stage_verify() {
+  # The whole check of one bundle within one device call (at most 540 s on a fresh machine):
+  # steps that use different resources run side by side (doctor and model: CPU and disk, JIT:
+  # nvcc; the GPU suite beside a short served smoke; the four empty-mode servers at once).
+  local t0=$SECONDS
   : > "$OUT/verify-durations.txt"
   timed install stage_install || return 1
-  timed doctor stage_doctor
+  timed treecore stage_treecore > /dev/null
+  (timed doctor stage_doctor > "$OUT/doctor-stage.log" 2>&1) &
+  local doctor=$!
+  (MODEL_PRESET=qwen2.5-0.5b timed model stage_model > "$OUT/model.log" 2>&1) &
+  local model=$!
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     log "JIT cache restored by install: no prebuild"
   else
     JIT_ARGS=${JIT_ARGS:-} timed jit stage_jit
   fi
+  wait "$doctor" "$model"; cat "$OUT/doctor-stage.log"
   local configs=fl-defaults,native-L1off
   "$PY" -c "import importlib.metadata as m; m.version('sglang-kernel')" 2>/dev/null \
     || configs=fl-defaults,flagos-L1off  # no SGLang kernels in this bundle (0.5.23: empty mode)
-  MODEL_PRESET=qwen2.5-0.5b timed model stage_model
   # The smoke serves while the suite runs: a smoke, not a measurement (e2e and ops stages are).
   (E2E_TIMEOUT=${SMOKE_TIMEOUT:-200} E2E_ARGS="--configs $configs --repeats 3 --new-tokens 32 \
      --mem-fraction 0.2" timed smoke stage_e2e > "$OUT/smoke.log" 2>&1) &
   local smoke=$!
-  PYTEST_ARGS="-n ${VERIFY_WORKERS:-6} ${PYTEST_ARGS:-}" TESTS_TIMEOUT=${TESTS_TIMEOUT:-300} \
-    timed tests stage_tests
+  PYTEST_ARGS="-n ${VERIFY_WORKERS:-10} --durations=25 ${PYTEST_ARGS:-}" \
+    TESTS_TIMEOUT=${TESTS_TIMEOUT:-240} timed tests stage_tests
   wait "$smoke"; tail -n 25 "$OUT/smoke.log"
-  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-330} timed emptymode stage_emptymode
-  timed doctor-empty stage_doctor -empty  # the same install, empty mode now
+  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode stage_emptymode
+  (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &  # empty mode now
   timed savejit stage_savejit
+  wait; cat "$OUT/doctor-empty-stage.log"
+  echo "total $((SECONDS - t0)) s" | tee -a "$OUT/verify-durations.txt"
   # The device tool returns 8 files: the rest of the logs go back as one tarball.
   (cd "$OUT" && tar -czf verify-logs.tgz --exclude=jit-cache.tgz --exclude=verify-logs.tgz -- * \
-     && rm -f gpu-tests.xml e2e.log e2e-logs.tgz smoke.log)
+     && rm -f gpu-tests.xml e2e.log e2e-logs.tgz smoke.log model.log doctor-stage.log \
+       doctor-empty-stage.log)
   cat "$OUT/verify-durations.txt"
 }
 

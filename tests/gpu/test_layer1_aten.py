@@ -96,8 +96,15 @@ def _cases(tokens):
     }
 
 
-@pytest.mark.parametrize("layer1_set", LAYER1_SETS)
-@pytest.mark.parametrize("tokens", (1, 32, 512))
+# The full FlagGems set autotunes each of its kernels per new shape in each xdist worker (the
+# 512-token case was still running when a 240 s default suite ended, 2026-12-03): the default
+# run checks it at decode size (1), where Layer 1 matters under the CUDA graph; --exhaustive
+# adds 32 and 512. The shipped set (cuda.yaml) is checked at every size.
+GRID = [(t, s) if s == "cuda.yaml" or t == 1 else pytest.param(t, s, marks=pytest.mark.exhaustive)
+        for s in LAYER1_SETS for t in (1, 32, 512)]
+
+
+@pytest.mark.parametrize(("tokens", "layer1_set"), GRID)
 def test_layer1_ops_match_pytorch(tokens, layer1_set):
     settings = cuda_settings(LAYER1_SETS[layer1_set])
     cases = _cases(tokens)
