@@ -2,27 +2,42 @@
 sglang-fl configurations, measured interleaved.
 
 Every configuration serves the same checkpoint with the same SGLang flags (triton attention,
-pytorch sampling, CUDA graph on up to batch 32, piecewise CUDA graph off, radix cache off so
-prefill is really computed); only environment variables differ. All servers are started side
-by side on the one GPU (each gets a slice of its memory) and then measured in turns: each repeat visits every
-configuration once, in rotating order, so drift (clocks, other tenants) spreads over all of them.
-Per configuration and repeat:
+pytorch sampling, CUDA graph on up to batch 32, piecewise CUDA graph off, SGLang's defaults for
+the radix cache and chunked prefill); only environment variables differ. The servers share the
+one GPU and are measured in turns: each repeat visits every configuration once, in rotating
+order, so drift (clocks, other tenants) spreads over all of them. Per configuration and repeat:
 
 - decode tok/s at batch 1 and batch 32: ``(batch * (N - 1)) / (t(N new tokens) - t(1 new token))``
-  on the same prompts (128-token prompts, N = 128, ``ignore_eos``), i.e. prefill subtracted;
+  on prompts of the same shape (128 tokens, N = 128, ``ignore_eos``), i.e. prefill subtracted;
 - prefill tok/s: 8 prompts of 2048 tokens, 1 new token, ``tokens / t``.
 
+Every request has random prompts of its own, so with the radix cache on none reuses a cached
+prefix: each request pays its whole prefill, as with the cache off, while the servers (and the
+greedy check below) run as users run them.
+
+Memory (benchmarks/e2e_plan.py): before any server starts, each configuration's need (weights
++ KV pool + activations) is checked against the GPU's free memory; a set that cannot fit is
+refused with the numbers. Servers start one after another, each with the
+``--mem-fraction-static`` that reserves its weights and KV pool out of the memory free at that
+moment (``--mem-fraction`` fixes one for all). Configurations that do not fit together run in
+groups, one after another: the anchor is in every group (its server stays up), so every ratio
+is paired within one group's repeats. ``--repeats`` is per group; ``--max-seconds`` is shared.
+
 Medians over repeats with min/max go to JSON (``--out``) and a markdown table, with each
-configuration's paired ratio to ``native-L1off`` (``--anchor``; per repeat, so drift cancels):
-median, 95 % bootstrap confidence interval and IQR (benchmarks/paired_stats.py).
+configuration's paired ratio to the anchor (``--anchor``; ``native-L1off`` when it runs, else the
+first configuration; per repeat, so drift cancels): median, 95 % bootstrap confidence interval
+and IQR (benchmarks/paired_stats.py). The JSON names, for every number, its group (``groups``
+beside ``runs``) and, per server, the exact flags and memory fraction it ran with (``servers``).
 
 A configuration named ``NAME+mtp`` is ``NAME`` served with MTP speculative decoding
 (``MTP_ARGS``, SGLang's NEXTN: the checkpoint's own MTP layer drafts); the run then also gives
-its paired ratio to ``NAME``, the accept length SGLang reports (decode at batch 1), and whether
-its greedy ids equal ``NAME``'s token for token. GPU runs here swing 10-25 %
-between runs: use 60+ repeats before reading a verdict. The run also
-checks greedy ids of every configuration against HF transformers on the same weights, and keeps
-the ``[OOT-DISPATCH]`` lines each server wrote.
+its paired ratio to ``NAME`` (kept in the same group), the accept length SGLang reports (decode
+at batch 1), and whether its greedy ids equal ``NAME``'s token for token. GPU runs here swing
+10-25 % between runs: use 60+ repeats before reading a verdict. The run also checks greedy ids
+of every configuration against HF transformers on the same weights, and keeps the
+``[OOT-DISPATCH]`` lines each server wrote. A server that fails (to start, or later) is reported
+at once with its log's last lines, and its whole log is kept as
+``<out dir>/server-<config>-failed.log``.
 
     python benchmarks/e2e_bench.py --model /tmp/qwen05b --out benchmarks/results/h200/e2e.json
 """
@@ -30,23 +45,24 @@ the ``[OOT-DISPATCH]`` lines each server wrote.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import contextlib
 import json
 import os
 import random
 import shlex
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_plan  # noqa: E402
 from paired_stats import summarize_pairs  # noqa: E402
 
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 
-ANCHOR = "native-L1off"
+ANCHOR = "native-L1off"  # the anchor when it runs (else the first configuration)
 METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 
 # name -> environment (added to the server's). The plugin is installed in all of them; what
@@ -58,7 +74,6 @@ _OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "
         "topk", "fused_moe")
 
 
-
 def model_vocab(model_path) -> int:
     """The checkpoint's vocabulary size (multimodal configs keep it under text_config)."""
     cfg = text_settings(read_config(model_path))
@@ -66,6 +81,7 @@ def model_vocab(model_path) -> int:
         raise SystemExit(f"{model_path}/config.json has no integer vocab_size (top level or "
                          "text_config)")
     return cfg["vocab_size"]
+
 
 def _every_op(kind):
     """SGLANG_FL_PER_OP pinning every op that ``kind`` implements to it (a per-op list in the
@@ -115,6 +131,10 @@ def resolve_configs(names, extra=()):
     return out
 
 
+#: The decode CUDA graph's batch cap (the benchmark's largest batch).
+GRAPH_MAX_BS = 32
+
+
 def _version_args() -> list[str]:
     """The prefill (piecewise) CUDA graph off and the decode graph's batch cap, spelled as the
     installed SGLang spells them."""
@@ -124,20 +144,39 @@ def _version_args() -> list[str]:
     option, value = adapter.PREFILL_GRAPH_OFF
     flag = "--" + option.replace("_", "-")
     return [*([flag] if value is True else [flag, str(value)]),
-            "--" + adapter.DECODE_GRAPH_MAX_BS.replace("_", "-"), "32"]
+            "--" + adapter.DECODE_GRAPH_MAX_BS.replace("_", "-"), str(GRAPH_MAX_BS)]
 
 
+# No --disable-radix-cache and no --chunked-prefill-size: every server (whose numbers and
+# greedy ids are reported alike) runs SGLang's defaults for both; `measure` keeps requests off
+# the cache. Each server's --mem-fraction-static is added when it starts (e2e_plan).
 SERVER_ARGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch",
-    "--max-running-requests", "64",
-    "--disable-radix-cache", "--grammar-backend", "none", "--chunked-prefill-size", "8192",
+    "--max-running-requests", "64", "--grammar-backend", "none",
     "--skip-server-warmup", "--sleep-on-idle",
-    # Several servers share the GPU: SGLang sizes its KV cache from the free memory it sees
-    # (rest = free_after_load - free_before_load * (1 - mem_fraction_static)); a fraction well
-    # above the real need keeps that positive while the others allocate, and the token cap
-    # keeps what each one actually takes small.
+    # Caps the full-attention KV pool; e2e_plan sizes each server's pool for this many tokens.
     "--max-total-tokens", "131072",
 ]
+
+
+def flag_value(args, flag, default):
+    """The integer after ``flag`` in ``args`` (SGLang's ``--flag value`` form), else ``default``."""
+    args = list(args)
+    for i, arg in enumerate(args[:-1]):
+        if arg == flag:
+            return int(args[i + 1])
+    return default
+
+
+def pick_anchor(requested, names):
+    """The configuration every ratio divides by: ``--anchor`` (which must be run), else
+    `ANCHOR` when it runs, else the first configuration."""
+    if requested is not None:
+        if requested not in names:
+            raise SystemExit(f"--anchor {requested!r} is not among the configurations run: "
+                             f"{', '.join(names)}")
+        return requested
+    return ANCHOR if ANCHOR in names else names[0]
 
 
 def parse_config(text):
@@ -148,6 +187,7 @@ def parse_config(text):
 
 
 def prompts(n, length, vocab, seed):
+    """``n`` random prompts; ``seed`` may be a string, so each request can have its own."""
     rng = random.Random(seed)
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
 
@@ -167,17 +207,21 @@ def generate(server, ids, new_tokens, timeout=300.0):
 
 
 def measure(server, vocab, seed, new_tokens):
+    """One repeat on one server. Every request has prompts of its own (seeded by ``seed``, the
+    batch and the call), so with SGLang's radix cache on none reuses a cached prefix and each
+    pays its whole prefill; the configurations of one repeat get the same prompts."""
     res = {}
     for batch in (1, 32):
-        ids = prompts(batch, 128, vocab, seed + batch)
-        t_one = statistics.median(generate(server, ids, 1)[0] for _ in range(3))
-        t_all, outs = generate(server, ids, new_tokens)
+        t_one = statistics.median(
+            generate(server, prompts(batch, 128, vocab, f"{seed}/bs{batch}/one{i}"), 1)[0]
+            for i in range(3))
+        t_all, outs = generate(server, prompts(batch, 128, vocab, f"{seed}/bs{batch}/all"),
+                               new_tokens)
         res[f"decode_bs{batch}_tok_s"] = batch * (new_tokens - 1) / max(t_all - t_one, 1e-9)
         accept = (outs[0].get("meta_info") or {}).get("spec_accept_length")
         if batch == 1 and accept is not None:  # reported by SGLang when speculating
             res["spec_accept_length"] = accept
-    ids = prompts(8, 2048, vocab, seed + 99)
-    t_pref, _ = generate(server, ids, 1)
+    t_pref, _ = generate(server, prompts(8, 2048, vocab, f"{seed}/prefill"), 1)
     res["prefill_tok_s"] = 8 * 2048 / t_pref
     return res
 
@@ -209,36 +253,147 @@ def greedy_match(got, expected):
     return sum(list(a) == list(b) for a, b in zip(got, expected, strict=True)) / len(expected)
 
 
-def start_all(configs, model, mem_fraction, log_dir, timeout):
-    """Start every server concurrently; returns {name: Server}, {name: error}. (Servers started
-    together can take each other's ports: `launched_server` starts such a one again.)"""
-    from sglang_fl.serving import launched_server
+def gpu_memory():
+    """(free, total) bytes of the CUDA device the servers use, or None without one."""
+    import torch
 
-    cms, servers, errors = {}, {}, {}
-    for i, (name, (env, extra_args)) in enumerate(configs.items()):
-        # Logs are appended to by the server processes: drop any left by an earlier run in the
-        # same directory, or its dispatch lines would be read as this run's routes.
-        for stale in (log_dir / f"dispatch-{i}.log", log_dir / f"server-{i}.log"):
-            stale.unlink(missing_ok=True)
-        env = dict(env)
-        env["SGLANG_FL_DISPATCH_LOG"] = str(log_dir / f"dispatch-{i}.log")
-        cms[name] = launched_server(
-            model, [*SERVER_ARGS, *extra_args, "--mem-fraction-static", str(mem_fraction)], env=env,
-            log_path=log_dir / f"server-{i}.log", timeout=timeout)
-    with cf.ThreadPoolExecutor(len(cms)) as pool:
-        futures = {pool.submit(cm.__enter__): name for name, cm in cms.items()}
-        for fut in cf.as_completed(futures):
-            name = futures[fut]
-            try:
-                servers[name] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - recorded; the others are measured
-                errors[name] = f"{type(exc).__name__}: {exc}"[-3000:]
-    return cms, servers, errors
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.mem_get_info()
 
 
-def summarize(values, reps):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": values, "reps": reps}
+def plan_memory(model, configs, anchor, fraction):
+    """(groups, {name: ServerNeed}, JSON record) for the chosen configurations on this GPU; one
+    group and no needs without a GPU (a CPU smoke run). Exits with the numbers when the set
+    cannot be served (`e2e_plan.plan_groups`)."""
+    names = list(configs)
+    memory = gpu_memory()
+    if memory is None:
+        return ([[anchor, *(n for n in names if n != anchor)]], {},
+                {"device": None, "note": "no CUDA device: memory not planned, one group"})
+    free, total = memory
+    try:
+        weights, source = e2e_plan.weights_bytes(model)
+        cfg = text_settings(read_config(model))
+        chunk = flag_value(SERVER_ARGS, "--chunked-prefill-size",
+                           e2e_plan.default_chunked_prefill(total))
+        needs = {name: e2e_plan.server_need(
+            cfg, weights, max_total_tokens=flag_value(SERVER_ARGS, "--max-total-tokens", 131072),
+            max_running_requests=flag_value(SERVER_ARGS, "--max-running-requests", 64),
+            chunked_prefill=chunk, graph_max_bs=GRAPH_MAX_BS,
+            draft_tokens=flag_value(extra, "--speculative-num-draft-tokens", 0))
+            for name, (_, extra) in configs.items()}
+        groups = e2e_plan.plan_groups(
+            names, anchor, needs, free, total, fraction=fraction,
+            units=lambda n, a: e2e_plan.twin_units(n, a, MTP_SUFFIX))
+    except e2e_plan.MemoryPlanError as exc:
+        raise SystemExit(f"e2e_bench: {exc}") from None
+    record = {"free_bytes": free, "total_bytes": total, "weights_bytes": weights,
+              "weights_from": source, "chunked_prefill_assumed": chunk,
+              "mem_fraction": "per server (static need / free memory at its start)"
+              if fraction is None else fraction,
+              "need_bytes": {n: {"weights": d.weights, "kv_pool": d.kv_pool,
+                                 "static": d.static, "activations": d.activations,
+                                 "total": d.total} for n, d in needs.items()},
+              "groups": groups}
+    return groups, needs, record
+
+
+def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, repeats,
+               new_tokens, end_time=None, clock=time.time):
+    """Measure ``groups`` (each led by ``anchor``) one after another.
+
+    In a group the servers not yet up are started one after another (``open_server(name,
+    group)`` gives the context manager that starts and stops one), warmed up, then measured
+    in ``repeats`` interleaved repeats in rotating order, then asked for their greedy ids;
+    the group's servers stop before the next group starts, except the anchor's, which serves
+    every group. Repeat numbers run on across groups, so a configuration pairs with the anchor
+    only over the repeats of its own group. ``end_time`` (``clock`` seconds) is shared: each
+    group gets an equal part of what is left when it begins. A failure is handed to
+    ``on_failure(name, stage, exc)`` at once, which returns the message kept; that server is
+    not measured again."""
+    runs, rep_group, errors, greedy_ids, records, start_seconds = {}, {}, {}, {}, [], {}
+    rep = 0
+    with contextlib.ExitStack() as across:  # the anchor's server, up across groups
+        servers = {}
+        for g, group in enumerate(groups):
+            t_group = clock()
+            group_end = (None if end_time is None
+                         else t_group + (end_time - t_group) / (len(groups) - g))
+            with contextlib.ExitStack() as within:
+                fresh = []
+                for name in group:
+                    if name in servers or name in errors:
+                        continue
+                    try:
+                        stack = across if name == anchor else within
+                        servers[name] = stack.enter_context(open_server(name, g))
+                    except Exception as exc:  # noqa: BLE001 - reported; the others are measured
+                        errors[name] = on_failure(name, "start", exc)
+                        continue
+                    start_seconds[name] = round(getattr(servers[name], "start_seconds", 0.0), 1)
+                    fresh.append(name)
+                for name in fresh:  # warm-up: first requests compile/allocate
+                    try:
+                        measure_one(servers[name], "warm-up", 8)
+                    except Exception as exc:  # noqa: BLE001
+                        errors[name] = on_failure(name, "warm-up", exc)
+                up = [n for n in group if n in servers and n not in errors]
+                reps = []
+                for local in range(repeats):
+                    live = [n for n in up if n not in errors]
+                    if not live or (len(group) > 1 and live == [anchor]):
+                        break  # nothing left to pair with the anchor in this group
+                    if group_end is not None and clock() > group_end:
+                        print(f"# group {g + 1}: time budget reached after {local} repeats",
+                              flush=True)
+                        break
+                    order = live[local % len(live):] + live[:local % len(live)]
+                    for name in order:
+                        try:
+                            runs.setdefault(name, {})[rep] = measure_one(servers[name], f"rep{rep}",
+                                                                         new_tokens)
+                        except Exception as exc:  # noqa: BLE001 - no more repeats for it
+                            errors[name] = on_failure(name, f"repeat {rep}", exc)
+                    rep_group[rep] = g
+                    reps.append(rep)
+                    rep += 1
+                    print(f"# group {g + 1}/{len(groups)}: repeat {local + 1}/{repeats} done "
+                          f"({clock() - t_group:.0f}s)", flush=True)
+                for name in up:
+                    if name not in greedy_ids:
+                        try:
+                            greedy_ids[name] = greedy(servers[name])
+                        except Exception as exc:  # noqa: BLE001
+                            greedy_ids[name] = f"{type(exc).__name__}: {exc}"
+                records.append({"group": g, "configs": list(group), "started": fresh,
+                                "reps": reps, "seconds": round(clock() - t_group, 1)})
+    return {"runs": runs, "rep_group": rep_group, "errors": errors, "greedy": greedy_ids,
+            "groups": records, "start_seconds": start_seconds}
+
+
+def summarize(values, reps, groups=None):
+    out = {"median": statistics.median(values), "min": min(values), "max": max(values),
+           "runs": values, "reps": reps}
+    if groups is not None:
+        out["groups"] = groups  # the group each run (and repeat) came from
+    return out
+
+
+def collect_results(runs, rep_group):
+    """{config: {metric: summary}} from `run_groups`' runs, each run with its group."""
+    results = {}
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        reps = sorted(rs)
+        groups = [rep_group[r] for r in reps]
+        results[name] = {k: summarize([rs[r][k] for r in reps], reps, groups) for k in METRICS}
+        spec = [r for r in reps if "spec_accept_length" in rs[r]]
+        if spec:
+            results[name]["spec_accept_length"] = summarize(
+                [rs[r]["spec_accept_length"] for r in spec], spec, [rep_group[r] for r in spec])
+    return results
 
 
 def _paired(res, base):
@@ -249,6 +404,9 @@ def _paired(res, base):
         common = sorted(set(a) & set(b))
         if len(common) >= 2:
             out[key] = summarize_pairs([a[r] for r in common], [b[r] for r in common])
+            group_of = dict(zip(res[key]["reps"], res[key].get("groups") or [], strict=False))
+            if group_of:
+                out[key]["groups"] = sorted({group_of[r] for r in common})
     return out
 
 
@@ -278,22 +436,45 @@ def speculation_exact(greedy):
     return out
 
 
+def report_failure(name, stage, exc, log, keep_dir):
+    """Say at once why ``name`` failed (``stage``: start, warm-up, repeat N), with its server
+    log's last lines, and keep the whole log as ``keep_dir/server-<name>-failed.log``.
+    Returns (the message the JSON keeps, the kept log's path or None)."""
+    from sglang_fl.serving import log_tail
+
+    message = f"{type(exc).__name__}: {exc}"
+    print(f"# {name}: {stage} failed: {message.splitlines()[0]}", flush=True)
+    kept = None
+    if Path(log).exists():
+        safe = "".join(c if c.isalnum() or c in "+-._" else "_" for c in name)
+        kept = Path(keep_dir) / f"server-{safe}-failed.log"
+        shutil.copyfile(log, kept)
+        print(f"# {name}: last lines of its server log (whole log: {kept}):\n"
+              f"{log_tail(log, 40)}", flush=True)
+    return (message if stage == "start" else f"{stage}: {message}")[-3000:], kept
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="checkpoint directory")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="JSON output; a failed server's whole log is kept "
+                    "beside it as server-<config>-failed.log (in --log-dir without --out)")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/e2e-logs"))
     ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS)
                     + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding)")
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
-    ap.add_argument("--anchor", default=ANCHOR, help="configuration the paired ratios divide by")
-    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--anchor", default=None, help="configuration the paired ratios divide by, "
+                    f"in every group (default: {ANCHOR} when it runs, else the first)")
+    ap.add_argument("--repeats", type=int, default=60, help="interleaved repeats per group")
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="stop starting new repeats after this many seconds from launch (the "
-                         "JSON still records every completed repeat); for a hard time limit")
+                    help="stop starting new repeats after this many seconds from launch, split "
+                         "evenly over the groups (the JSON still records every completed "
+                         "repeat); for a hard time limit")
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--mem-fraction", type=float, default=0.25)
+    ap.add_argument("--mem-fraction", type=float, default=None,
+                    help="SGLang's --mem-fraction-static for every server (default: per server, "
+                         "its weights + KV pool over the GPU memory free when it starts)")
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--greedy-tokens", type=int, default=8)
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
@@ -301,86 +482,98 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config)
+    index = {name: i for i, name in enumerate(configs)}
+    anchor = pick_anchor(args.anchor, list(configs))
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    keep_dir = args.out.parent if args.out else args.log_dir
+    keep_dir.mkdir(parents=True, exist_ok=True)
     if args.server_args is not None:
         SERVER_ARGS[:] = shlex.split(args.server_args)
     else:
         SERVER_ARGS[4:4] = _version_args()  # after the attention/sampling backends
     vocab = model_vocab(args.model)
+    groups, needs, memory = plan_memory(args.model, configs, anchor, args.mem_fraction)
+    for g, group in enumerate(groups):
+        print(f"# group {g + 1}/{len(groups)}: {', '.join(group)}", flush=True)
+
+    from sglang_fl.serving import launched_server
+
+    servers_doc, failed_logs = {}, {}
+
+    def open_server(name, group):
+        i = index[name]
+        # Logs are appended to by the server processes: drop any left by an earlier run in the
+        # same directory, or its dispatch lines would be read as this run's routes.
+        for stale in (args.log_dir / f"dispatch-{i}.log", args.log_dir / f"server-{i}.log"):
+            stale.unlink(missing_ok=True)
+        env, extra = configs[name]
+        env = {**env, "SGLANG_FL_DISPATCH_LOG": str(args.log_dir / f"dispatch-{i}.log")}
+        flags, info = [*SERVER_ARGS, *extra], {"group": group}
+        fraction = args.mem_fraction
+        if needs:  # checked again now: other tenants may have taken memory since the plan
+            free = gpu_memory()[0]
+            taken = e2e_plan.footprint(needs[name], free, fraction)
+            if taken is None:
+                raise RuntimeError(f"not enough free GPU memory to start it: {free / e2e_plan.GiB:.1f}"
+                                   f" GiB free, it needs {needs[name].describe()}"
+                                   + (f" within --mem-fraction {fraction}" if fraction else ""))
+            fraction = taken[0]
+            info["free_bytes_at_start"] = free
+        if fraction is not None:
+            flags += ["--mem-fraction-static", str(fraction)]
+        info.update(mem_fraction_static=fraction, args=flags)
+        servers_doc[name] = info
+        print(f"# starting {name} (group {group + 1}): --mem-fraction-static {fraction}",
+              flush=True)
+        return launched_server(args.model, flags, env=env, log_path=args.log_dir / f"server-{i}.log",
+                               timeout=args.start_timeout)
+
+    def on_failure(name, stage, exc):
+        message, kept = report_failure(name, stage, exc, args.log_dir / f"server-{index[name]}.log",
+                                       keep_dir)
+        if kept:
+            failed_logs[name] = str(kept)
+        return message
+
+    greedy_prompts = prompts(4, 32, vocab, 7)
+
+    def greedy(server):
+        _, outs = generate(server, greedy_prompts, args.greedy_tokens)
+        return [o["output_ids"] for o in outs]
 
     t0 = time.time()
-    cms, servers, errors = start_all(configs, args.model, args.mem_fraction, args.log_dir,
-                                     args.start_timeout)
-    print(f"# started {len(servers)}/{len(configs)} servers in {time.time() - t0:.0f}s; "
-          f"failed: {list(errors)}", flush=True)
     doc = {"benchmark": "e2e_bench", "model": args.model, "server_args": SERVER_ARGS,
-           "mem_fraction_static": args.mem_fraction, "anchor": args.anchor,
+           "mem_fraction_static": args.mem_fraction, "anchor": anchor,
            "configs": {n: env for n, (env, _) in configs.items()},
            "config_server_args": {n: a for n, (_, a) in configs.items() if a},
-           "start_errors": errors,
+           "memory": memory, "servers": servers_doc, "failed_logs": failed_logs,
            "repeats_asked": args.repeats, "new_tokens": args.new_tokens, "results": {}}
+    run = {"errors": {}, "greedy": {}}
     try:
-        with contextlib.ExitStack() as stack:
-            for name in servers:
-                stack.push(cms[name])
-            doc["start_seconds"] = {n: round(s.start_seconds, 1) for n, s in servers.items()}
-            names = list(servers)
-            for name in names:  # warm-up: first requests compile/allocate
-                try:
-                    measure(servers[name], vocab, 0, 8)
-                except Exception as exc:  # noqa: BLE001
-                    errors[name] = f"warm-up: {type(exc).__name__}: {exc}"[-3000:]
-            names = [n for n in names if n not in errors]
-            runs = {n: {} for n in names}  # name -> {repeat: measurement}
-            for rep in range(args.repeats if names else 0):
-                live = [n for n in names if n not in errors]
-                if not live:
-                    break
-                if args.max_seconds is not None and time.time() - t0 > args.max_seconds:
-                    print(f"# time budget reached after {rep} repeats", flush=True)
-                    break
-                order = live[rep % len(live):] + live[:rep % len(live)]
-                for name in order:
-                    try:
-                        runs[name][rep] = measure(servers[name], vocab, 1000 * rep, args.new_tokens)
-                    except Exception as exc:  # noqa: BLE001 - recorded; no more repeats for it
-                        errors[name] = f"rep {rep}: {type(exc).__name__}: {exc}"[-3000:]
-                print(f"# repeat {rep + 1}/{args.repeats} done ({time.time() - t0:.0f}s)", flush=True)
-            for name, rs in runs.items():
-                if rs:
-                    reps = sorted(rs)
-                    doc["results"][name] = {k: summarize([rs[r][k] for r in reps], reps)
-                                            for k in METRICS}
-                    spec = [r for r in reps if "spec_accept_length" in rs[r]]
-                    if spec:
-                        doc["results"][name]["spec_accept_length"] = summarize(
-                            [rs[r]["spec_accept_length"] for r in spec], spec)
-            doc["paired"] = paired_to_anchor(doc["results"], args.anchor)
-            doc["paired_speculation"] = paired_speculation(doc["results"])
-
-            # Greedy ids against HF transformers on the same weights.
-            ids = prompts(4, 32, vocab, 7)
-            greedy = {}
-            for name in names:
-                try:
-                    _, outs = generate(servers[name], ids, args.greedy_tokens)
-                    greedy[name] = [o["output_ids"] for o in outs]
-                except Exception as exc:  # noqa: BLE001
-                    greedy[name] = f"{type(exc).__name__}: {exc}"
-            doc["greedy"] = {"prompts": ids, "servers": greedy,
-                             "speculative_equals_plain": speculation_exact(greedy)}
+        run = run_groups(
+            groups, anchor, open_server, lambda srv, seed, n: measure(srv, vocab, seed, n),
+            greedy, on_failure, repeats=args.repeats, new_tokens=args.new_tokens,
+            end_time=None if args.max_seconds is None else t0 + args.max_seconds)
+        doc["groups"] = run["groups"]
+        doc["start_seconds"] = run["start_seconds"]
+        doc["results"] = collect_results(run["runs"], run["rep_group"])
+        doc["paired"] = paired_to_anchor(doc["results"], anchor)
+        doc["paired_speculation"] = paired_speculation(doc["results"])
     finally:
-        doc["start_errors"] = errors
-        doc.setdefault("greedy", {})
+        doc["start_errors"] = run["errors"]
+        # Greedy ids against HF transformers on the same weights, from the measured servers.
+        doc["greedy"] = {"prompts": greedy_prompts, "servers": run["greedy"],
+                         "served_by": "the measured servers (flags: servers.<config>.args)",
+                         "speculative_equals_plain": speculation_exact(run["greedy"])}
         doc["dispatch_log"] = {}
-        for i, name in enumerate(configs):
+        for name, i in index.items():
             p = args.log_dir / f"dispatch-{i}.log"
             lines = sorted(set(p.read_text().splitlines())) if p.exists() else []
             doc["dispatch_log"][name] = lines
     try:
-        if not doc["greedy"].get("prompts"):
+        if not doc["greedy"]["servers"]:
             raise RuntimeError("no server answered")
-        hf = hf_greedy(args.model, doc["greedy"]["prompts"], args.greedy_tokens)
+        hf = hf_greedy(args.model, greedy_prompts, args.greedy_tokens)
         doc["greedy"]["hf_transformers"] = hf
         doc["greedy"]["match"] = {n: greedy_match(g, hf) if isinstance(g, list) else None
                                   for n, g in doc["greedy"]["servers"].items()}
@@ -425,8 +618,10 @@ def table(doc):
             "greedy = HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     match = doc.get("greedy", {}).get("match", {})
+    grouped = len(doc.get("groups") or ()) > 1
     for name, r in doc["results"].items():
-        cells = [name]
+        groups = sorted(set(r[METRICS[0]].get("groups") or ()))
+        cells = [name + (f" (group {', '.join(str(g + 1) for g in groups)})" if grouped else "")]
         for k in METRICS:
             m = r[k]
             cells.append(f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})")

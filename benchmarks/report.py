@@ -44,11 +44,13 @@ def ops_table(doc):
 
 def _paired(results, name, anchor, key):
     """Paired summary over the repeats both configurations completed (older JSON without
-    ``reps`` pairs by position)."""
+    ``reps`` pairs by position); None with fewer than two such repeats."""
     a, b = results[name][key], results[anchor][key]
     ra = dict(zip(a.get("reps", range(len(a["runs"]))), a["runs"], strict=True))
     rb = dict(zip(b.get("reps", range(len(b["runs"]))), b["runs"], strict=True))
     common = sorted(set(ra) & set(rb))
+    if len(common) < 2:  # e2e_bench ran them in different groups
+        return None
     return summarize_pairs([ra[r] for r in common], [rb[r] for r in common])
 
 
@@ -79,6 +81,9 @@ def e2e_tables(doc, anchor="native-L1off", pairs=()):
             cells = [f"{name} / {base}"]
             for key, _ in E2E_KEYS:
                 p = _paired(res, name, base, key)
+                if p is None:
+                    cells.append("- (not measured in the same repeats: another group)")
+                    continue
                 cells.append(f"{p['median']:.3f} [{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f}] "
                              f"({p['verdict']}), n={p['n']}")
             rows.append("| " + " | ".join(cells) + " |")

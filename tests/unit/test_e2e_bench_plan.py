@@ -1,0 +1,376 @@
+"""benchmarks/e2e_bench.py's GPU memory plan (benchmarks/e2e_plan.py) and its group runner, on
+CPU with made-up sizes: what a server needs, which sets are refused with their numbers, how
+configurations that do not fit together are grouped around the anchor, the memory fraction
+each server gets, that every configuration still gets a ratio paired within its group, that
+served requests never reuse a cached prefix, and that a failed server's whole log is kept.
+
+The GPU servers themselves cannot run here: `run_groups` gets small stand-ins that record what
+was started, measured and stopped, in order."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import e2e_bench  # noqa: E402
+import e2e_plan  # noqa: E402
+
+GiB = e2e_plan.GiB
+#: What torch.cuda.mem_get_info() gives on one H200 ("141 GB"): total, and free before any
+#: server (the benchmark's own CUDA context holds about half a GiB).
+H200_TOTAL = 150_754_820_096
+H200_FREE = H200_TOTAL - GiB // 2
+#: The benchmark's flags (e2e_bench.SERVER_ARGS) and SGLang's chunk on an H200.
+FLAGS = dict(max_total_tokens=131072, max_running_requests=64, chunked_prefill=8192,
+             graph_max_bs=32)
+
+# Text configs as the checkpoints' config.json hold them (Qwen3.6 under text_config).
+QWEN25_05B = {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "dtype": "bfloat16"}
+QWEN3_30B_A3B_8L = {"num_hidden_layers": 8, "hidden_size": 2048, "num_attention_heads": 32,
+                    "num_key_value_heads": 4, "head_dim": 128, "dtype": "bfloat16"}
+QWEN36_35B_A3B_8L = {
+    "num_hidden_layers": 8, "hidden_size": 2048, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "dtype": "bfloat16",
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+    + ["full_attention"], "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128}
+THREE = ["native-L1off", "fl-defaults", "flagos-L1off"]
+
+
+def needs(cfg, weights, names, **flags):
+    return {n: e2e_plan.server_need(cfg, weights, **{**FLAGS, **flags}) for n in names}
+
+
+def sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)  # a sparse file: the size without the disk
+    return path
+
+
+# -- what one server needs ---------------------------------------------------------------------
+
+def test_weights_are_the_safetensors_sglang_loads(tmp_path):
+    sparse(tmp_path / "model-00001-of-00002.safetensors", 30_000_000_000)
+    sparse(tmp_path / "model-00002-of-00002.safetensors", 14_700_000_000)
+    sparse(tmp_path / "pytorch_model.bin", 5)  # not loaded when safetensors are there
+    assert e2e_plan.weights_bytes(tmp_path) == (44_700_000_000, "2 *.safetensors file(s)")
+
+
+def test_weights_from_the_index_or_a_clear_refusal(tmp_path):
+    with pytest.raises(e2e_plan.MemoryPlanError, match="cannot tell how much GPU memory"):
+        e2e_plan.weights_bytes(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 44_700_000_000}, "weight_map": {}}))
+    assert e2e_plan.weights_bytes(tmp_path)[0] == 44_700_000_000
+
+
+def test_kv_pool_matches_what_sglang_allocated_on_the_h200():
+    # SGLang's own log lines for these checkpoints at --max-total-tokens 131072:
+    # 2026-12-02/sglang-0.5.23/server-0.log "K size: 0.75 GB, V size: 0.75 GB" (Qwen2.5-0.5B),
+    # 2026-12-02/moe-e2e-logs/server-0.log "K size: 1.00 GB, V size: 1.00 GB" (Qwen3-30B-A3B, 8 l.)
+    assert e2e_plan.kv_bytes_per_token(QWEN25_05B) * 131072 == int(1.5 * GiB)
+    assert e2e_plan.kv_bytes_per_token(QWEN3_30B_A3B_8L) * 131072 == 2 * GiB
+    assert e2e_plan.recurrent_state_bytes(QWEN25_05B) == 0
+
+
+def test_hybrid_pool_holds_the_recurrent_states_of_every_running_request():
+    cfg = QWEN36_35B_A3B_8L
+    assert e2e_plan.attention_layers(cfg) == (2, 6)
+    per_request = e2e_plan.recurrent_state_bytes(cfg)
+    # 6 Gated DeltaNet layers: fp32 SSM state 32 x 128 x 128 + conv window 3 x 8192 (bf16).
+    assert per_request == 6 * (32 * 128 * 128 * 4 + 3 * 8192 * 2)
+    need = e2e_plan.server_need(cfg, 0, **FLAGS)
+    states = per_request * 64 * e2e_plan.MAMBA_STATES_PER_REQUEST
+    # SGLang gives the states 0.9/1.9 of the pool: that share must still hold them all.
+    assert need.kv_pool * 0.9 / 1.9 >= states
+    mtp = e2e_plan.server_need(cfg, 0, **FLAGS, draft_tokens=4)
+    assert mtp.kv_pool > need.kv_pool  # the draft's KV and per-draft-token states
+
+
+def test_tiny_hybrid_checkpoint_written_by_sglang_fl_is_read(tmp_path):
+    pytest.importorskip("transformers")
+    from sglang_fl.models import make_tiny_model
+    from sglang_fl.models.config import read_config, text_settings
+
+    path = make_tiny_model(tmp_path / "m", preset="qwen3.5")
+    cfg = text_settings(read_config(path))
+    weights, _ = e2e_plan.weights_bytes(path)
+    assert e2e_plan.attention_layers(cfg) == (2, 2)  # every 2nd of 4 layers is full attention
+    assert weights == sum(f.stat().st_size for f in path.glob("*.safetensors")) > 0
+    assert e2e_plan.server_need(cfg, weights, **FLAGS).kv_pool > 0
+
+
+# -- which configurations share the GPU ----------------------------------------------------------
+
+def test_a_small_model_serves_every_configuration_in_one_group():
+    names = ["fl-defaults", "native-L1off", "vendor-L1off", "flagos-L1off", "tuned-L1off",
+             "reference-L1off"]
+    groups = e2e_plan.plan_groups(names, "native-L1off", needs(QWEN25_05B, 988_000_000, names),
+                                  H200_FREE, H200_TOTAL)
+    assert groups == [["native-L1off", "fl-defaults", "vendor-L1off", "flagos-L1off",
+                       "tuned-L1off", "reference-L1off"]]
+
+
+def test_qwen36_35b_a3b_shape_three_configs_on_one_h200_run_in_groups_with_the_anchor():
+    need = needs(QWEN36_35B_A3B_8L, 44_700_000_000, THREE)
+    assert 2 * need["fl-defaults"].total < H200_FREE < 3 * need["fl-defaults"].total
+    groups = e2e_plan.plan_groups(THREE, "native-L1off", need, H200_FREE, H200_TOTAL)
+    assert groups == [["native-L1off", "fl-defaults"], ["native-L1off", "flagos-L1off"]]
+
+    # Started one after another, each with the fraction of the memory then free that holds
+    # its weights and KV pool: SGLang's rest = f * free - weights keeps the whole KV pool.
+    free = H200_FREE
+    for name in groups[0]:
+        fraction, taken = e2e_plan.footprint(need[name], free)
+        assert fraction * free - need[name].weights >= need[name].kv_pool
+        assert taken <= free
+        free -= taken
+    assert free >= 0
+
+
+def test_the_old_fixed_quarter_fraction_is_refused_up_front_with_the_numbers():
+    need = needs(QWEN36_35B_A3B_8L, 44_700_000_000, THREE)
+    with pytest.raises(e2e_plan.MemoryPlanError) as err:
+        e2e_plan.plan_groups(THREE, "native-L1off", need, H200_FREE, H200_TOTAL, fraction=0.25)
+    text = str(err.value)
+    assert "the anchor 'native-L1off' alone" in text and "--mem-fraction 0.25" in text
+    assert "139.9 GiB free of 140.4 GiB total" in text
+    assert "weights 41.6" in text  # 44.7 GB in GiB, for each configuration
+    assert all(f"{n}: 62." in text for n in THREE)
+
+
+def test_a_pair_that_cannot_fit_is_refused_a_single_server_is_not():
+    need = needs(QWEN3_30B_A3B_8L, 80 * GiB, THREE)
+    with pytest.raises(e2e_plan.MemoryPlanError, match="native-L1off \\+ fl-defaults together"):
+        e2e_plan.plan_groups(THREE, "native-L1off", need, H200_FREE, H200_TOTAL)
+    assert e2e_plan.plan_groups(["fl-defaults"], "fl-defaults", need, H200_FREE,
+                                H200_TOTAL) == [["fl-defaults"]]
+    with pytest.raises(e2e_plan.MemoryPlanError, match="alone"):
+        e2e_plan.plan_groups(["fl-defaults"], "fl-defaults", need, 50 * GiB, H200_TOTAL)
+
+
+def test_a_fixed_fraction_that_fits_is_kept():
+    names = ["fl-defaults", "native-L1off"]
+    need = needs(QWEN25_05B, 988_000_000, names)
+    assert e2e_plan.plan_groups(names, "native-L1off", need, H200_FREE, H200_TOTAL,
+                                fraction=0.2) == [["native-L1off", "fl-defaults"]]
+    assert e2e_plan.footprint(need["fl-defaults"], H200_FREE, 0.2)[0] == 0.2
+
+
+def test_speculative_twins_stay_in_one_group():
+    names = ["fl-defaults", "fl-defaults+mtp", "flagos-L1off", "flagos-L1off+mtp"]
+    units = e2e_plan.twin_units(names, "fl-defaults", "+mtp")
+    assert units == [["fl-defaults+mtp"], ["flagos-L1off", "flagos-L1off+mtp"]]
+    need = needs(QWEN3_30B_A3B_8L, 25 * GiB, names)  # three servers fit, four do not
+    groups = e2e_plan.plan_groups(names, "fl-defaults", need, H200_FREE, H200_TOTAL,
+                                  units=lambda n, a: e2e_plan.twin_units(n, a, "+mtp"))
+    assert groups == [["fl-defaults", "fl-defaults+mtp"],
+                      ["fl-defaults", "flagos-L1off", "flagos-L1off+mtp"]]
+
+
+def test_anchor_is_the_one_asked_else_native_else_the_first():
+    assert e2e_bench.pick_anchor(None, ["fl-defaults", "native-L1off"]) == "native-L1off"
+    assert e2e_bench.pick_anchor(None, ["fl-defaults", "flagos-L1off"]) == "fl-defaults"
+    assert e2e_bench.pick_anchor("flagos-L1off", ["fl-defaults", "flagos-L1off"]) == "flagos-L1off"
+    with pytest.raises(SystemExit, match="not among"):
+        e2e_bench.pick_anchor("tuned-L1off", ["fl-defaults"])
+
+
+# -- running the groups --------------------------------------------------------------------------
+
+class Events:
+    """Stand-ins for the GPU servers: a server is a name; starting, measuring and stopping
+    are recorded in order. ``fail`` names servers that do not start."""
+
+    def __init__(self, fail=()):
+        self.log, self.fail = [], set(fail)
+
+    def open_server(self, name, group):
+        @contextlib.contextmanager
+        def server():
+            self.log.append(("start", name, group))
+            if name in self.fail:
+                raise RuntimeError(f"{name} exited with code 1")
+            yield name
+            self.log.append(("stop", name))
+        return server()
+
+    def measure(self, server, seed, new_tokens):
+        self.log.append(("measure", server, seed))
+        speed = {"native-L1off": 100.0, "fl-defaults": 110.0, "flagos-L1off": 90.0}[server]
+        rep = 0 if seed == "warm-up" else int(seed.removeprefix("rep"))
+        drift = 1 + 0.1 * (rep % 3)  # shared by every server in a repeat: cancels in pairs
+        return {k: speed * drift for k in e2e_bench.METRICS}
+
+    def failure(self, name, stage, exc):
+        self.log.append(("failed", name, stage))
+        return f"{stage}: {exc}"
+
+
+def test_every_configuration_is_paired_with_the_anchor_of_its_own_group():
+    ev = Events()
+    groups = [["native-L1off", "fl-defaults"], ["native-L1off", "flagos-L1off"]]
+    run = e2e_bench.run_groups(groups, "native-L1off", ev.open_server, ev.measure,
+                               lambda s: [[1, 2]], ev.failure, repeats=3, new_tokens=16)
+    assert run["errors"] == {}
+    assert run["rep_group"] == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+    # The anchor's server starts once and serves both groups; the others stop with theirs.
+    starts = [e for e in ev.log if e[0] == "start"]
+    assert starts == [("start", "native-L1off", 0), ("start", "fl-defaults", 0),
+                      ("start", "flagos-L1off", 1)]
+    assert ev.log.index(("stop", "fl-defaults")) < ev.log.index(("start", "flagos-L1off", 1))
+    assert ev.log[-1] == ("stop", "native-L1off")
+
+    results = e2e_bench.collect_results(run["runs"], run["rep_group"])
+    assert results["native-L1off"]["prefill_tok_s"]["groups"] == [0, 0, 0, 1, 1, 1]
+    assert results["flagos-L1off"]["prefill_tok_s"]["reps"] == [3, 4, 5]
+    paired = e2e_bench.paired_to_anchor(results, "native-L1off")
+    assert paired["fl-defaults"]["prefill_tok_s"]["median"] == pytest.approx(1.1)
+    assert paired["flagos-L1off"]["prefill_tok_s"]["median"] == pytest.approx(0.9)
+    assert paired["fl-defaults"]["prefill_tok_s"]["groups"] == [0]
+    assert paired["flagos-L1off"]["decode_bs1_tok_s"]["groups"] == [1]
+    doc = {"results": results, "paired": paired, "groups": run["groups"], "anchor": "native-L1off"}
+    table = e2e_bench.table(doc)
+    assert "| flagos-L1off (group 2) |" in table and "0.900 [0.900-0.900]" in table
+    assert "| native-L1off (group 1, 2) |" in table
+    assert set(run["greedy"]) == {"native-L1off", "fl-defaults", "flagos-L1off"}
+
+
+def test_a_failed_start_is_reported_before_the_next_server_starts():
+    ev = Events(fail={"fl-defaults"})
+    run = e2e_bench.run_groups([["native-L1off", "fl-defaults", "flagos-L1off"]], "native-L1off",
+                               ev.open_server, ev.measure, lambda s: [], ev.failure,
+                               repeats=2, new_tokens=16)
+    assert ev.log.index(("failed", "fl-defaults", "start")) \
+        < ev.log.index(("start", "flagos-L1off", 0))
+    assert run["errors"] == {"fl-defaults": "start: fl-defaults exited with code 1"}
+    assert sorted(run["runs"]) == ["flagos-L1off", "native-L1off"]
+
+
+def test_the_time_budget_is_shared_by_the_groups():
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    ev = Events()
+    groups = [["native-L1off", "fl-defaults"], ["native-L1off", "flagos-L1off"]]
+    run = e2e_bench.run_groups(groups, "native-L1off", ev.open_server, ev.measure,
+                               lambda s: [], ev.failure, repeats=100, new_tokens=16,
+                               end_time=40.0, clock=clock)
+    reps = [len(g["reps"]) for g in run["groups"]]
+    assert all(r > 3 for r in reps) and sum(reps) < 40  # both groups measured, within budget
+
+
+# -- serving as users serve; failures said at once -----------------------------------------------
+
+def test_servers_keep_sglang_defaults_for_radix_cache_and_chunked_prefill():
+    assert "--disable-radix-cache" not in e2e_bench.SERVER_ARGS
+    assert "--chunked-prefill-size" not in e2e_bench.SERVER_ARGS
+
+
+class RecordingServer:
+    """Answers /generate like SGLang (``output_ids`` of the length asked) and keeps prompts."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def post_json(self, path, payload, timeout=0):
+        ids = payload["input_ids"]
+        ids = ids if isinstance(ids[0], list) else [ids]
+        self.prompts += [tuple(p) for p in ids]
+        n = payload["sampling_params"]["max_new_tokens"]
+        outs = [{"output_ids": [0] * n, "meta_info": {}} for _ in ids]
+        return outs if len(outs) > 1 else outs[0]
+
+
+def test_no_throughput_request_reuses_a_prompt_the_radix_cache_could_hold():
+    a, b = RecordingServer(), RecordingServer()
+    for seed in ("warm-up", "rep0", "rep1"):
+        e2e_bench.measure(a, 1000, seed, 4)
+    e2e_bench.measure(b, 1000, "rep0", 4)
+    assert len(set(a.prompts)) == len(a.prompts)  # every prompt once: no cached prefix
+    assert len({p[:8] for p in a.prompts}) == len(a.prompts)
+    rep0 = a.prompts[len(a.prompts) // 3: 2 * len(a.prompts) // 3]
+    assert rep0 == b.prompts  # one repeat gives every configuration the same work
+
+
+def test_a_failed_server_leaves_its_whole_log_and_says_why_at_once(tmp_path, capsys):
+    log = tmp_path / "logs" / "server-1.log"
+    log.parent.mkdir()
+    lines = [f"line {i}" for i in range(500)] + ["RuntimeError: Not enough memory."]
+    log.write_text("\n".join(lines) + "\n")
+    exc = RuntimeError(f"server exited with code 1 before it was healthy (31s); log {log}:\n...")
+    message, kept = e2e_bench.report_failure("fl-defaults+mtp", "start", exc, log, tmp_path)
+    assert kept == tmp_path / "server-fl-defaults+mtp-failed.log"
+    assert kept.read_text() == log.read_text()  # the whole log, not its tail
+    out = capsys.readouterr().out
+    assert "# fl-defaults+mtp: start failed: RuntimeError: server exited with code 1" in out
+    assert "RuntimeError: Not enough memory." in out and "line 499" in out
+    assert "line 100\n" not in out  # the console gets the last lines only
+    assert message.startswith("RuntimeError: server exited")
+    assert e2e_bench.report_failure("x", "repeat 3", exc, tmp_path / "none.log", tmp_path) \
+        == (f"repeat 3: {message}", None)
+    assert not os.path.exists(tmp_path / "server-x-failed.log")
+
+
+def test_main_plans_groups_and_records_each_servers_flags(tmp_path, monkeypatch, capsys):
+    """main() through its GPU path, with a made-up GPU (room for two servers, not three) and
+    stand-in servers; the HF check runs for real on a tiny checkpoint."""
+    pytest.importorskip("transformers")
+    import sglang_fl.serving
+    from sglang_fl.models import make_tiny_model
+    from sglang_fl.models.config import read_config, text_settings
+
+    model = make_tiny_model(tmp_path / "m")
+    need = e2e_plan.server_need(text_settings(read_config(model)),
+                                e2e_plan.weights_bytes(model)[0],
+                                **{**FLAGS, "chunked_prefill": 4096})  # SGLang's on 40 GiB
+    monkeypatch.setattr(e2e_bench, "gpu_memory", lambda: (int(2.5 * need.total), 40 * GiB))
+    monkeypatch.setattr(e2e_bench, "SERVER_ARGS", list(e2e_bench.SERVER_ARGS))
+
+    @contextlib.contextmanager
+    def launched_server(model_path, flags, env, log_path, timeout):
+        log_path.write_text("".join(f"loading {i}\n" for i in range(100)))
+        if env.get("USE_FLAGGEMS") == "0" and "SGLANG_FL_PER_OP" in env:  # flagos-L1off
+            with open(log_path, "a") as f:
+                f.write("RuntimeError: Not enough memory.\n")
+            raise sglang_fl.serving.ServerStartError("server exited with code 1 (3s)")
+        yield RecordingServer()
+
+    monkeypatch.setattr(sglang_fl.serving, "launched_server", launched_server)
+    out = tmp_path / "out" / "e2e.json"
+    doc = e2e_bench.main(["--model", str(model), "--out", str(out), "--log-dir",
+                          str(tmp_path / "logs"), "--configs", ",".join(THREE),
+                          "--repeats", "2", "--new-tokens", "4"])
+
+    assert doc["anchor"] == "native-L1off"
+    assert doc["memory"]["groups"] == [["native-L1off", "fl-defaults"],
+                                       ["native-L1off", "flagos-L1off"]]
+    assert [g["reps"] for g in doc["groups"]] == [[0, 1], []]
+    for name in ("native-L1off", "fl-defaults"):
+        flags = doc["servers"][name]["args"]
+        assert "--disable-radix-cache" not in flags
+        fraction = float(flags[flags.index("--mem-fraction-static") + 1])
+        assert fraction == doc["servers"][name]["mem_fraction_static"]
+        assert fraction * doc["servers"][name]["free_bytes_at_start"] >= need.static
+    assert doc["paired"]["fl-defaults"]["prefill_tok_s"]["groups"] == [0]
+    assert doc["start_errors"]["flagos-L1off"].startswith("ServerStartError: server exited")
+    kept = out.parent / "server-flagos-L1off-failed.log"
+    assert doc["failed_logs"] == {"flagos-L1off": str(kept)}
+    assert kept.read_text().startswith("loading 0\n")
+    console = capsys.readouterr().out
+    assert "# flagos-L1off: start failed: ServerStartError" in console
+    assert "RuntimeError: Not enough memory." in console
+    assert set(doc["greedy"]["servers"]) == {"native-L1off", "fl-defaults"}
+    assert "hf_transformers" in doc["greedy"]
+    assert json.loads(out.read_text())["servers"] == doc["servers"]
