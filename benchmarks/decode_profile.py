@@ -11,7 +11,7 @@ steps) and GPU busy time per step (union of kernel intervals): wall - busy is ti
 waited for the host (launch, scheduling, sampling, result processing). From py-spy (``--format
 raw``, the scheduler process's threads): the share of samples in each function, inclusive, and
 the top leaf functions. Writes OUT_DIR/decode-profile.json and prints a table. Servers use
-e2e_bench's SERVER_ARGS (the radix cache off, as for every throughput number; the JSON says so).
+e2e_bench's SERVER_ARGS (SGLang's defaults otherwise; the JSON lists them).
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def main(argv=None) -> int:
     vocab = model_vocab(args.model)
     import importlib.metadata as md
 
-    doc = {"sglang": md.version("sglang"), "model": args.model, "server_args": SERVER_ARGS,
-           "note": "throughput servers: radix cache off (SERVER_ARGS)", "results": {}}
+    doc = {"sglang": md.version("sglang"), "model": args.model,
+           "server_args": [*SERVER_ARGS, *_version_args()], "results": {}}
     for name, (env, extra) in resolve_configs(args.configs.split(",")).items():
         log = Path(tempfile.mkdtemp(prefix="decode-profile-")) / "server.log"
         env = {**env, "SGLANG_TORCH_PROFILER_DIR": str(out / f"trace-{name}")}

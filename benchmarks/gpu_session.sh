@@ -217,7 +217,7 @@ stage_verify() {
   "$PY" -c "import importlib.metadata as m; m.version('sglang-kernel')" 2>/dev/null \
     || configs=fl-defaults,flagos-L1off  # no SGLang kernels in this bundle (0.5.23: empty mode)
   # The smoke serves while the suite runs: a smoke, not a measurement (e2e and ops stages are).
-  (E2E_TIMEOUT=${SMOKE_TIMEOUT:-200} E2E_ARGS="--configs $configs --repeats 3 --new-tokens 32 \
+  (E2E_TIMEOUT=${SMOKE_TIMEOUT:-260} E2E_ARGS="--configs $configs --repeats 3 --new-tokens 32 \
      --mem-fraction 0.2" timed smoke stage_e2e > "$OUT/smoke.log" 2>&1) &
   local smoke=$!
   PYTEST_ARGS="-n ${VERIFY_WORKERS:-10} --durations=25 ${PYTEST_ARGS:-}" \
