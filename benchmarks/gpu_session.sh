@@ -34,7 +34,8 @@
 #            own kernels where the bundle has them, else vs FlagGems for every op); then the
 #            four empty-mode servers at once (dense, MoE, the tiny and the 27B-shaped hybrids);
 #            doctor again (empty mode) beside savejit. Each step's duration and the total go to
-#            $OUT/verify-durations.txt.
+#            $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and
+#            Triton kernel caches, so a call on a warm machine is timed as a fresh one.
 #
 #   OUT=/tmp/out benchmarks/gpu_session.sh verify                      # SGLang 0.5.11 bundle
 #   OUT=/tmp/out BUNDLE=wheels/gpu-0.5.23 benchmarks/gpu_session.sh verify
@@ -201,6 +202,10 @@ stage_verify() {
   # nvcc; the GPU suite beside a short served smoke; the four empty-mode servers at once).
   local t0=$SECONDS
   : > "$OUT/verify-durations.txt"
+  if [[ ${VERIFY_FRESH:-1} == 1 ]]; then  # time it as a fresh machine: no kernel caches
+    rm -rf "$TVM_FFI_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${FLAGGEMS_CACHE_DIR:-$HOME/.flaggems}" \
+      /tmp/decode-profile /tmp/e2e-logs
+  fi
   timed install stage_install || return 1
   timed treecore stage_treecore > /dev/null
   (timed doctor stage_doctor > "$OUT/doctor-stage.log" 2>&1) &
