@@ -1,77 +1,87 @@
-"""Compile SGLang's JIT CUDA kernels (``sglang.jit_kernel``, built through apache-tvm-ffi) ahead
-of a benchmark, in parallel, into ``TVM_FFI_CACHE_DIR``.
+"""Compile SGLang's JIT CUDA kernels ahead of a benchmark or a served test, in parallel, into
+the installed SGLang's JIT cache.
 
 A JIT module takes 20-30 s to build the first time; built inside a timed run, or by several
-servers at once into one cache directory, it distorts or breaks the measurement. This builds
-what SGLang's own CUDA path and sglang-fl's ``vendor.cuda`` backend use on a dense Qwen2/Llama:
-fused RoPE (both styles, rotary dims 64/128, bf16/fp16), SiLU-and-mul, the KV-cache store,
-``clamp_position`` and ``resolve_future_token_ids``.
+servers at once, it distorts or breaks the measurement. What to build is the installed SGLang
+version's business: its adapter's ``JIT_PREBUILD`` (sglang_fl/sglang_glue/adapters/), each
+entry a factory of SGLang's and its arguments; the adapter's ``JIT_CACHE_DIR_ENV`` names the
+cache directory's variable (``TVM_FFI_CACHE_DIR`` for 0.5.11, ``SGLANG_JIT_CACHE_DIR`` for
+0.5.23). Where the version lists nothing, or apache-tvm-ffi (which builds them) is not
+installed, it prints ``nothing to prebuild for SGLang <version>: <reason>`` and exits 0.
 
-    TVM_FFI_CACHE_DIR=/tmp/jit python benchmarks/jit_prebuild.py [--jobs 8]
+    TVM_FFI_CACHE_DIR=/tmp/jit python benchmarks/jit_prebuild.py [--jobs 8] [--e2e]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import importlib.metadata
 import multiprocessing as mp
+import os
 import time
 
 
-def _modules(e2e_only=False):
-    import torch
-
-    if e2e_only:  # what a bf16 Qwen2.5-0.5B server builds (head 64, 2 KV heads)
-        return [("rope", "_jit_fused_rope_module", (True, 64, torch.bfloat16)),
-                ("activation", "_jit_activation_module", (torch.bfloat16,)),
-                ("kvcache", "_jit_kvcache_module", (256,))] + [
-            (m, f, (dt,)) for dt in (torch.int32, torch.int64)
-            for m, f in (("clamp_position", "_jit_clamp_position_module"),
-                         ("resolve_future_token_ids", "_jit_resolve_future_token_ids_module"))]
-
-    mods = []
-    for neox in (True, False):
-        for dim in (64, 128):
-            for dtype in (torch.bfloat16, torch.float16):
-                mods.append(("rope", "_jit_fused_rope_module", (neox, dim, dtype)))
-    for dtype in (torch.bfloat16, torch.float16):
-        mods.append(("activation", "_jit_activation_module", (dtype,)))
-    # KV rows of kv_heads * head_dim * 2 bytes: Qwen2.5-0.5B (2x64), Qwen3-30B-A3B (4x128),
-    # Llama-3-8B (8x128).
-    for row_bytes in (256, 1024, 2048):
-        mods.append(("kvcache", "_jit_kvcache_module", (row_bytes,)))
-    for dtype in (torch.int32, torch.int64):
-        mods.append(("clamp_position", "_jit_clamp_position_module", (dtype,)))
-        mods.append(("resolve_future_token_ids", "_jit_resolve_future_token_ids_module", (dtype,)))
-    return mods
+def _builds(adapter, e2e_only: bool) -> tuple:
+    return tuple(b for b in adapter.JIT_PREBUILD if b.e2e or not e2e_only)
 
 
-def _build(spec):
+def _nothing_reason(adapter) -> str | None:
+    """Why there is nothing to build here, or None."""
+    if not adapter.JIT_PREBUILD:
+        return adapter.JIT_PREBUILD_NONE_REASON
+    try:
+        importlib.metadata.distribution("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
+        return ("apache-tvm-ffi is not installed (empty mode), so SGLang's JIT kernels cannot "
+                "build; sglang-fl swaps their hard-wired callers to native twins")
+    return None
+
+
+def _build(build):
     from sglang_fl.compat import activate
 
     activate()  # SGLang imports without flashinfer
     import importlib
 
-    module, fn, args = spec
+    import torch
+
+    args = tuple(getattr(torch, a) if isinstance(a, str) else a for a in build.args)
     t0 = time.time()
     try:
-        getattr(importlib.import_module(f"sglang.jit_kernel.{module}"), fn)(*args)
-        return f"{module}{args}: {time.time() - t0:.1f}s"
+        getattr(importlib.import_module(build.module), build.function)(*args)
+        return f"{build.describe()}: {time.time() - t0:.1f}s"
     except Exception as exc:  # noqa: BLE001 - report and go on with the others
-        return f"{module}{args}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
+        return f"{build.describe()}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
 
 
-def main():
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--e2e", action="store_true", help="only what the e2e benchmark's servers use")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+
+    from sglang_fl.sglang_glue.adapters import get_adapter, installed_sglang_version
+
+    adapter = get_adapter()
+    version = installed_sglang_version() or adapter.version
+    reason = _nothing_reason(adapter)
+    if reason:
+        print(f"nothing to prebuild for SGLang {version}: {reason}", flush=True)
+        return 0
+    builds = _builds(adapter, args.e2e)
+    cache = os.environ.get(adapter.JIT_CACHE_DIR_ENV, "(its default)")
+    print(f"SGLang {version}: {len(builds)} JIT modules into {adapter.JIT_CACHE_DIR_ENV}={cache}",
+          flush=True)
     t0 = time.time()
+    failed = 0
     with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        for line in pool.map(_build, _modules(args.e2e)):
+        for line in pool.map(_build, builds):
+            failed += ": FAILED " in line
             print(line, flush=True)
-    print(f"JIT prebuild done in {time.time() - t0:.0f}s")
+    print(f"JIT prebuild done in {time.time() - t0:.0f}s ({failed} of {len(builds)} failed)")
+    return 1 if failed == len(builds) else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,12 +3,21 @@
 The servers run ``--dtype float32``: for a float32 checkpoint SGLang's ``auto`` picks float16,
 while the reference ids come from HF transformers in float32; the same precision on both sides
 is what makes exact greedy-id equality a fair test.
+
+Servers start with SGLang's own defaults for everything a user leaves alone (radix cache,
+chunked prefill, graphs): a check that turns one off serves differently from its users. A test
+that is about one of those options sets it and says so.
+
+Every server started through `serve` / `launch` has its log registered (`SERVER_LOGS`): when a
+test fails, the e2e conftest prints the failure and that log's tail at once and writes both
+under ``$OUT/served-failures/``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sglang_fl.serving import launched_server
@@ -48,9 +57,61 @@ def process_env(tmp_path: Path, **overrides) -> dict:
     return env
 
 
-def serve(model, tmp_path: Path, timeout: float = 240, **env_overrides):
-    return launched_server(model, SERVER_ARGS, hermetic_env(tmp_path, **env_overrides),
-                           log_path=tmp_path / "server.log", timeout=timeout)
+#: (test node id, server log) of every server started here, in order (see `register_log`).
+SERVER_LOGS: list[tuple[str, Path]] = []
+
+
+def current_test() -> str:
+    """The node id of the test pytest is running (setup, call or teardown), or ""."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def register_log(log_path: Path) -> None:
+    """Name ``log_path`` as the log of a server the current test (or the fixture it is setting
+    up) started, for the failure report of the e2e conftest."""
+    SERVER_LOGS.append((current_test(), Path(log_path)))
+
+
+def launch(model, args: Sequence[str], env: Mapping[str, str | None], log_path: Path,
+           timeout: float = 240):
+    """`launched_server` with its log registered (`register_log`)."""
+    register_log(log_path)
+    return launched_server(model, args, env, log_path=log_path, timeout=timeout)
+
+
+def serve(model, tmp_path: Path, timeout: float = 240, *, args: Sequence[str] = SERVER_ARGS,
+          **env_overrides):
+    """A server of ``model`` with ``args`` (float32 by default), the hermetic environment plus
+    ``env_overrides``, its log in ``tmp_path``."""
+    return launch(model, args, hermetic_env(tmp_path, **env_overrides), tmp_path / "server.log",
+                  timeout)
+
+
+#: Pool caps of a server that shares its GPU (`shared_gpu_args`): what a few short prompts
+#: need with room to spare. The CPU platform caps the same two pools for the same reason
+#: (sglang_glue/server_defaults.py).
+SHARED_GPU_MAX_TOTAL_TOKENS = 32768
+SHARED_GPU_MAX_MAMBA_CACHE_SIZE = 256
+
+
+def shared_gpu_args(hybrid: bool = False) -> tuple[str, ...]:
+    """Arguments that let the servers of ``pytest -n N`` (pytest-xdist, one server per worker)
+    share one GPU; none for a run without workers, which keeps SGLang's own memory defaults.
+
+    SGLang sizes its KV pool (and a hybrid model's state pool) as the memory free after its
+    weights load less ``1 - mem_fraction_static`` of what was free before they loaded: what
+    other servers allocate in between comes out of it, and past that margin the server does
+    not start. Beside N - 1 others each server gets ``0.8 / N`` and its pools are capped, so
+    what the others allocate meanwhile (capped pools, weights, graphs) stays well inside its
+    margin; uncapped, each pool would fill its server's share and leave the next none."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return ()
+    args = ("--mem-fraction-static", f"{0.8 / workers:.2f}",
+            "--max-total-tokens", str(SHARED_GPU_MAX_TOTAL_TOKENS))
+    if hybrid:
+        args += ("--max-mamba-cache-size", str(SHARED_GPU_MAX_MAMBA_CACHE_SIZE))
+    return args
 
 
 def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:
@@ -61,22 +122,39 @@ def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list
     return [item["output_ids"] for item in body]
 
 
-def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False) -> list[list[int]]:
+def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False,
+                  device: str = "cpu") -> list[list[int]]:
     """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth.
-    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only."""
+    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only.
+    On a GPU the model's memory is given back before this returns: servers started next (or
+    beside, under pytest-xdist) size their pools from the free memory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
-    model = auto.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = auto.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     out = []
     with torch.no_grad():
         for ids in prompt_ids:
-            gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            x = torch.tensor([ids], device=device)
+            gen = model.generate(x, attention_mask=torch.ones_like(x),
                                  max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
             out.append(gen[0, len(ids):].tolist())
+    del model
+    _free_device_memory(device)
     return out
+
+
+def _free_device_memory(device: str) -> None:
+    """Hand the caching allocator's blocks back to the driver (a no-op on CPU)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def dispatch_lines(tmp_path: Path) -> list[str]:
@@ -122,4 +200,7 @@ def near_tie_divergences(model_path, prompt_ids, got, want, device="cpu") -> lis
         with torch.no_grad():
             logits = model(x).logits[0, -1].float()
         out.append((i, step, float(logits[w[step]] - logits[g[step]])))
+    if model is not None:
+        del model
+        _free_device_memory(device)
     return out

@@ -7,6 +7,11 @@ through sglang-fl's GDN ops.
 Runs only on a CUDA host whose SGLang install really lacks those packages (the point of the
 test); on CI's CPU machine it skips. Layer 1 is off (``USE_FLAGGEMS=0``) to isolate what this
 test is about; the fused ops take the CUDA platform's order (FlagGems first).
+
+Each test starts one server, with SGLang's defaults (radix cache, chunked prefill, CUDA graphs),
+so the four can run side by side on one GPU: ``pytest -n 4 tests/e2e/test_gpu_empty_mode.py``
+(pytest-xdist; each worker computes its own fixtures). Then `shared_gpu_args` gives each server
+a quarter of the memory, and the HF references give theirs back before the servers start.
 """
 
 from __future__ import annotations
@@ -14,11 +19,15 @@ from __future__ import annotations
 import pytest
 from e2e_support import (
     MAX_NEW_TOKENS,
+    PROMPT_TEXTS,
+    SERVER_ARGS,
     dispatch_lines,
     greedy_ids,
+    hf_greedy_ids,
     installed,
     near_tie_divergences,
     serve,
+    shared_gpu_args,
     standin_calls_in,
 )
 
@@ -29,6 +38,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
+# The HF references in full fp32, as on the CPU (TF32 would part from it on near-ties).
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def _sglang_at_least(version) -> bool:
     import importlib.metadata
 
@@ -45,29 +58,14 @@ if any(installed(d) for d in _ABSENT):
                 allow_module_level=True)
 
 
-def _hf_ids_cuda(model_path, prompt_ids):
-    from transformers import AutoModelForCausalLM
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda().eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            x = torch.tensor([ids], device="cuda")
-            gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW_TOKENS,
-                                 min_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)
-            out.append(gen[0, len(ids):].tolist())
-    return out
-
-
 @pytest.fixture(scope="module")
 def hf_ids_cuda(tiny_model, prompt_ids):
-    return _hf_ids_cuda(tiny_model, prompt_ids)
+    return hf_greedy_ids(tiny_model, prompt_ids, device="cuda")
 
 
 def test_empty_install_serves_on_cuda(tiny_model, prompt_ids, hf_ids_cuda, tmp_path):
-    with serve(tiny_model, tmp_path, USE_FLAGGEMS="0") as srv:
+    with serve(tiny_model, tmp_path, args=(*SERVER_ARGS, *shared_gpu_args()),
+               USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, prompt_ids)
         log = srv.log_text()
     print("served:", got, "\nhf:", hf_ids_cuda, "\ndispatch:", dispatch_lines(tmp_path))
@@ -83,8 +81,9 @@ def test_empty_install_serves_on_cuda(tiny_model, prompt_ids, hf_ids_cuda, tmp_p
 def test_empty_install_serves_moe_on_cuda_with_flaggems(moe_model, moe_prompt_ids, tmp_path):
     """No sgl_kernel: TopK and FusedMoE's experts on FlagGems, with CUDA graphs (SGLang's GPU
     default), against HF transformers on the same GPU."""
-    hf = _hf_ids_cuda(moe_model, moe_prompt_ids)
-    with serve(moe_model, tmp_path, USE_FLAGGEMS="0") as srv:
+    hf = hf_greedy_ids(moe_model, moe_prompt_ids, device="cuda")
+    with serve(moe_model, tmp_path, args=(*SERVER_ARGS, *shared_gpu_args()),
+               USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, moe_prompt_ids)
         log = srv.log_text()
     lines = dispatch_lines(tmp_path)
@@ -123,7 +122,6 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
     """The tiny Qwen3.5 (Gated DeltaNet + gated attention): served on the GPU with decode CUDA
     graphs, every GDN kernel call goes through sglang-fl's ops (no stand-in), and the greedy ids
     equal HF's on the same GPU away from near-ties."""
-    from e2e_support import PROMPT_TEXTS, hf_greedy_ids
     from transformers import AutoTokenizer
 
     from sglang_fl.models import make_tiny_model
@@ -132,7 +130,8 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(t)["input_ids"] for t in PROMPT_TEXTS]
     hf = hf_greedy_ids(model, prompts, image_text=True)
-    with serve(model, tmp_path, USE_FLAGGEMS="0") as srv:
+    with serve(model, tmp_path, args=(*SERVER_ARGS, *shared_gpu_args(hybrid=True)),
+               USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, prompts)
         log = srv.log_text()
     lines = dispatch_lines(tmp_path)
@@ -147,16 +146,14 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
 def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
     """Qwen3.6-27B's real layer shapes (4 of its layers, bf16, random weights): serves in empty
     mode with the GDN core on sglang-fl's ops and no stand-in called."""
-    from e2e_support import hermetic_env, launched_server
-
     from sglang_fl.models import make_tiny_model
 
     # 4 of its layers (3 GDN, 1 gated attention) and a 32k vocabulary keep the checkpoint that
     # is written here small; the layers are the real model's.
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "qwen3.6-27b-4l",
                             preset="qwen3.6-27b", num_layers=4, vocab_size=32768)
-    with launched_server(model, ("--dtype", "bfloat16"), hermetic_env(tmp_path, USE_FLAGGEMS="0"),
-                         log_path=tmp_path / "server.log", timeout=400) as srv:
+    with serve(model, tmp_path, timeout=400,
+               args=("--dtype", "bfloat16", *shared_gpu_args(hybrid=True)), USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, [[1, 2, 3, 4, 5, 6, 7, 8], list(range(100, 230))])
         log = srv.log_text()
     lines = dispatch_lines(tmp_path)

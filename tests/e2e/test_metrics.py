@@ -12,10 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from e2e_support import SERVER_ARGS, greedy_ids, hermetic_env
+from e2e_support import SERVER_ARGS, greedy_ids, hermetic_env, launch
 
 from sglang_fl.dispatch.ops import OPS
-from sglang_fl.serving import launched_server
 from tests.integration.vendor_package import write_vendor_package
 
 pytest.importorskip("sglang")
@@ -45,8 +44,7 @@ def scraped(tiny_model, prompt_ids, raising_vendor, tmp_path_factory):
                                                 "silu_and_mul=vendor|reference",
                        PYTHONPATH=os.pathsep.join(filter(None, [str(raising_vendor),
                                                                 os.environ.get("PYTHONPATH")])))
-    with launched_server(tiny_model, (*SERVER_ARGS, "--enable-metrics"), env,
-                         log_path=run_dir / "server.log", timeout=240) as srv:
+    with launch(tiny_model, (*SERVER_ARGS, "--enable-metrics"), env, run_dir / "server.log") as srv:
         ids = greedy_ids(srv, prompt_ids[:1])
         status, body = srv.request("GET", "/metrics")
     assert status == 200
@@ -113,8 +111,8 @@ def test_tp2_collectives_are_counted_by_backend(tiny_model, prompt_ids, tmp_path
     from sglang_fl.metrics import FLUSH_S
     from tests.distributed.l3_helpers import server_env
 
-    with launched_server(tiny_model, (*SERVER_ARGS, "--tp-size", "2", "--enable-metrics"),
-                         server_env(tp=2), log_path=tmp_path / "server-tp2.log", timeout=400) as srv:
+    with launch(tiny_model, (*SERVER_ARGS, "--tp-size", "2", "--enable-metrics"),
+                server_env(tp=2), tmp_path / "server-tp2.log", timeout=400) as srv:
         greedy_ids(srv, prompt_ids[:1])
         time.sleep(FLUSH_S + 1)
         status, text = srv.request("GET", "/metrics")

@@ -93,3 +93,98 @@ def test_sglang_module_paths_live_only_in_the_adapters():
             if m.group(0) not in allowed:
                 found.append(f"{path.relative_to(PACKAGE)}: {m.group(0)}")
     assert found == []
+
+
+#: The JIT modules each version's adapter prebuilds (by the module that holds the factory), and
+#: those a bf16 Qwen2.5-0.5B server of the e2e benchmark builds (``--e2e``).
+JIT_FAMILIES = {
+    "0.5.11": {"rope", "activation", "kvcache", "clamp_position", "resolve_future_token_ids"},
+    "0.5.23": {"rope", "activation", "kvcache", "clamp_position"},
+}
+JIT_E2E = {
+    "0.5.11": {("rope", (True, 64, "bfloat16")), ("activation", ("bfloat16",)), ("kvcache", (256,)),
+               ("clamp_position", ("int32",)), ("clamp_position", ("int64",)),
+               ("resolve_future_token_ids", ("int32",)), ("resolve_future_token_ids", ("int64",))},
+    "0.5.23": {("rope", (True, 64, "bfloat16", "bfloat16")), ("activation", ("bfloat16",)),
+               ("kvcache", (256, 256, 0)), ("clamp_position", ("int32",)),
+               ("clamp_position", ("int64",))},
+}
+
+
+def _adapter(version):
+    return importlib.import_module(f"sglang_fl.sglang_glue.adapters.{ADAPTERS[version]}").ADAPTER
+
+
+def _jit_prebuild():
+    import sys
+
+    sys.path.insert(0, str(PACKAGE.parent / "benchmarks"))
+    try:
+        return importlib.import_module("jit_prebuild")
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_each_adapter_lists_its_versions_jit_kernels_to_prebuild(version):
+    """0.5.11's JIT kernels live in sglang.jit_kernel (cached by tvm-ffi); 0.5.23 moved them to
+    sglang.kernels.ops, caches them itself and dropped resolve_future_token_ids."""
+    builds = _adapter(version).JIT_PREBUILD
+    package = {"0.5.11": "sglang.jit_kernel.", "0.5.23": "sglang.kernels.ops."}[version]
+    assert all(b.module.startswith(package) for b in builds), builds
+    assert {b.module.rsplit(".", 1)[1] for b in builds} == JIT_FAMILIES[version]
+    assert {(b.module.rsplit(".", 1)[1], b.args) for b in builds if b.e2e} == JIT_E2E[version]
+    assert len(set(builds)) == len(builds)
+    assert _adapter(version).JIT_CACHE_DIR_ENV == {"0.5.11": "TVM_FFI_CACHE_DIR",
+                                                   "0.5.23": "SGLANG_JIT_CACHE_DIR"}[version]
+
+
+def test_the_installed_versions_jit_factories_take_the_listed_arguments():
+    """Each listed factory exists in the installed SGLang and accepts its arguments (a str
+    argument names a torch dtype); building needs a GPU, binding does not."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sglang")
+    from sglang_fl.compat import activate
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    activate()
+    for build in get_adapter().JIT_PREBUILD:
+        factory = getattr(importlib.import_module(build.module), build.function)
+        args = [getattr(torch, a) if isinstance(a, str) else a for a in build.args]
+        assert all(isinstance(a, torch.dtype) for a, raw in zip(args, build.args, strict=True)
+                   if isinstance(raw, str)), build
+        inspect.signature(factory).bind(*args)
+
+
+def test_the_prebuild_skips_with_a_reason_where_there_is_nothing_to_build(monkeypatch, capsys):
+    """An adapter that lists nothing: the stage says so, for which version and why, and exits
+    0 without building; without apache-tvm-ffi (empty mode) nothing can build either."""
+    pytest.importorskip("sglang")
+    import sglang_fl.sglang_glue.adapters as adapters
+
+    jit_prebuild = _jit_prebuild()
+    installed = adapters.get_adapter()
+    nothing = type("NoJit", (type(installed),), {"JIT_PREBUILD": ()})()
+    monkeypatch.setattr(adapters, "get_adapter", lambda: nothing)
+    assert jit_prebuild.main([]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (f"nothing to prebuild for SGLang {adapters.installed_sglang_version()}: "
+                       f"{nothing.JIT_PREBUILD_NONE_REASON}\n")
+
+    reason = jit_prebuild._nothing_reason(installed)
+    if _installed("apache-tvm-ffi"):
+        assert reason is None
+    else:
+        assert reason.startswith("apache-tvm-ffi is not installed"), reason
+
+
+def _installed(dist: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

@@ -32,6 +32,28 @@ class LayerRoute:
 
 
 @dataclass(frozen=True)
+class JitBuild:
+    """One of SGLang's JIT CUDA modules to build ahead of a GPU run (benchmarks/jit_prebuild.py):
+    ``function(*args)`` of ``module``, the cached factory that compiles it. A ``str`` argument
+    names a torch dtype (``"bfloat16"``), so that listing builds never imports torch."""
+
+    module: str
+    function: str
+    args: tuple = ()
+    #: Also built by ``jit_prebuild.py --e2e``: what the e2e benchmark's bf16 Qwen2.5-0.5B
+    #: servers build (rotary dim 64, 2 KV heads of 64).
+    e2e: bool = False
+
+    def describe(self) -> str:
+        return f"{self.module.rsplit('.', 1)[-1]}.{self.function}{self.args}"
+
+
+def jit_builds(module: str, function: str, *arg_sets: tuple, e2e: tuple = ()) -> tuple[JitBuild, ...]:
+    """``JitBuild``s of one factory, one per argument tuple; those also in ``e2e`` are marked."""
+    return tuple(JitBuild(module, function, args, e2e=args in e2e) for args in arg_sets)
+
+
+@dataclass(frozen=True)
 class NativeSwap:
     """A module global that SGLang hard-wires to a JIT CUDA kernel at import, rebound right
     after the module runs (ledger entries ``swap:*``, compat/swaps.py applies them)."""
@@ -158,6 +180,15 @@ class SGLangAdapter:
     CPU_NATIVE_SWAPS: tuple[NativeSwap, ...] = (
         NativeSwap("sglang.srt.layers.logits_processor", "fused_softcap", "", softcap_native),
     )
+
+    # -- JIT prebuild (benchmarks/jit_prebuild.py) -----------------------------------------------
+    #: SGLang's JIT CUDA modules that a GPU session builds before it measures or serves:
+    #: first built inside a timed run or by several servers at once, each costs 20-30 s there.
+    JIT_PREBUILD: tuple[JitBuild, ...] = ()
+    #: Why `JIT_PREBUILD` is empty, where it is (printed by the prebuild, which then does nothing).
+    JIT_PREBUILD_NONE_REASON = "this adapter lists no JIT kernels"
+    #: The variable naming the directory where this version's JIT builds are cached.
+    JIT_CACHE_DIR_ENV = "TVM_FFI_CACHE_DIR"
 
     #: ``TopK.forward`` keyword arguments of expert-parallel / dynamic routing that the standard
     #: ``topk`` op does not express: a call passing any of them keeps SGLang's forward.

@@ -13,7 +13,12 @@ from sglang_fl.sglang_glue.adapters.base import (
     NativeSwap,
     SGLangAdapter,
     _jit_store_cache_unavailable,
+    jit_builds,
 )
+
+_ROPE_GRID = tuple((neox, dim, dtype) for neox in (True, False) for dim in (64, 128)
+                   for dtype in ("bfloat16", "float16"))
+_INDEX_DTYPES = (("int32",), ("int64",))
 
 
 class SGLang0511(SGLangAdapter):
@@ -46,6 +51,23 @@ class SGLang0511(SGLangAdapter):
                    "_resolve_future_token_ids_native"),
         NativeSwap("sglang.srt.mem_cache.memory_pool", "can_use_store_cache", "",
                    _jit_store_cache_unavailable),
+    )
+
+    # What SGLang's own CUDA path and vendor.cuda build on a dense Qwen2/Llama: fused RoPE (both
+    # styles, rotary dims 64/128), SiLU-and-mul, the KV-cache store (rows of kv_heads * head_dim
+    # * 2 bytes: Qwen2.5-0.5B 2x64, Qwen3-30B-A3B 4x128, Llama-3-8B 8x128), clamp_position and
+    # resolve_future_token_ids. Built by tvm-ffi into TVM_FFI_CACHE_DIR.
+    JIT_PREBUILD = (
+        *jit_builds("sglang.jit_kernel.rope", "_jit_fused_rope_module", *_ROPE_GRID,
+                    e2e=[(True, 64, "bfloat16")]),
+        *jit_builds("sglang.jit_kernel.activation", "_jit_activation_module",
+                    ("bfloat16",), ("float16",), e2e=[("bfloat16",)]),
+        *jit_builds("sglang.jit_kernel.kvcache", "_jit_kvcache_module", (256,), (1024,), (2048,),
+                    e2e=[(256,)]),
+        *jit_builds("sglang.jit_kernel.clamp_position", "_jit_clamp_position_module",
+                    *_INDEX_DTYPES, e2e=_INDEX_DTYPES),
+        *jit_builds("sglang.jit_kernel.resolve_future_token_ids",
+                    "_jit_resolve_future_token_ids_module", *_INDEX_DTYPES, e2e=_INDEX_DTYPES),
     )
 
 

@@ -18,7 +18,9 @@ What changed for sglang-fl since 0.5.11 (read off the 0.5.23 wheel):
   ``capture_routed_experts_if_allowed``.
 - The JIT CUDA kernels moved from ``sglang.jit_kernel`` to ``sglang.kernels.ops``;
   ``clamp_position`` is now a fused op with a JIT backend, imported into forward_batch_info,
-  and ``overlap_utils`` no longer calls a JIT kernel.
+  and ``overlap_utils`` no longer calls a JIT kernel. SiLU-and-mul on CUDA is a fused op whose
+  first backend is JIT. The builds are cached under ``SGLANG_JIT_CACHE_DIR`` (default
+  ``~/.cache/sglang/jit``), no longer tvm-ffi's ``TVM_FFI_CACHE_DIR``.
 - The FLA kernels (``layernorm_gated.RMSNorm``, the GDN output norm) moved from
   ``sglang.srt.layers.attention.fla`` to ``sglang.kernels.ops.attention.fla``.
 - ``qwen2_moe`` gates shared experts with a Triton kernel unless the gate is AMX-packed, so on
@@ -43,9 +45,14 @@ from sglang_fl.sglang_glue.adapters.base import (
     SGLangAdapter,
     _answer_no,
     _jit_store_cache_unavailable,
+    jit_builds,
     shared_expert_gate_add_native,
     shared_expert_gate_native,
 )
+
+_ROPE_GRID = tuple((neox, dim, dtype, dtype) for neox in (True, False) for dim in (64, 128)
+                   for dtype in ("bfloat16", "float16"))
+_INDEX_DTYPES = (("int32",), ("int64",))
 
 
 def _clamp_position_native(seq_lens):
@@ -121,6 +128,24 @@ class SGLang0523(SGLangAdapter):
     # Its GDN backend takes a prefix's state snapshot from the kernel (track_state), so the
     # extra-buffer mamba cache (its default on accelerators) needs no per-chunk states.
     GDN_TRACK_STATE_SNAPSHOT = True
+    # Its GPU bundle keeps apache-tvm-ffi (xgrammar needs it), so without sglang-kernel these
+    # JIT modules are what SGLang builds on CUDA, empty mode included: the KV-cache store (every
+    # server probes it at start: rows of kv_heads * head_dim * dtype bytes, k and v; 256 is the
+    # tiny fp32 models' and Qwen2.5-0.5B's, 2048 the 27B-shaped hybrid's) and clamp_position
+    # (every decode step); fused RoPE (q and k of one dtype) and SiLU-and-mul where SGLang's own
+    # ops run (the "sglang" benchmark configurations, vendor.cuda's RoPE). 0.5.11's
+    # resolve_future_token_ids kernel is gone.
+    JIT_PREBUILD = (
+        *jit_builds("sglang.kernels.ops.attention.rope", "_jit_fused_rope_module", *_ROPE_GRID,
+                    e2e=[(True, 64, "bfloat16", "bfloat16")]),
+        *jit_builds("sglang.kernels.ops.activation.activation", "activation_module",
+                    ("bfloat16",), ("float16",), e2e=[("bfloat16",)]),
+        *jit_builds("sglang.kernels.ops.kvcache.kvcache", "_jit_kvcache_module",
+                    (256, 256, 0), (1024, 1024, 0), (2048, 2048, 0), e2e=[(256, 256, 0)]),
+        *jit_builds("sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module",
+                    *_INDEX_DTYPES, e2e=_INDEX_DTYPES),
+    )
+    JIT_CACHE_DIR_ENV = "SGLANG_JIT_CACHE_DIR"
     # intel_amx needs sgl_kernel's CPU build (the plugin's CPU default is torch_native).
     CPU_SPECULATIVE_ATTENTION_BACKENDS = ("intel_amx",)
     CPU_PAGED_KV = True
