@@ -27,6 +27,7 @@
 #   profile  benchmarks/decode_profile.py on $MODEL_DIR (PROFILE_ARGS adds arguments): decode
 #            step wall vs GPU time from SGLang's torch-profiler trace, py-spy of the scheduler
 #            -> $OUT/profile.log, $OUT/decode-profile-<sglang version>.json
+#   pack     everything under $OUT but the summaries into $OUT/results.tgz (call last)
 #   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
 #            fresh machine): install; treecore; doctor and the model beside the JIT warm-up
 #            (restored from $JIT_CACHE_TGZ when given, else pre-built); the default GPU suite
@@ -194,6 +195,12 @@ stage_profile() {
   timeout "${PROFILE_TIMEOUT:-400}" "$PY" benchmarks/decode_profile.py --model "$MODEL_DIR" \
     --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" | tail -n 30
   cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
+}
+
+stage_pack() {  # the device tool returns 8 files: everything but the summaries as results.tgz
+  (cd "$OUT" && tar -czf /tmp/results.tgz --exclude=jit-cache.tgz -- * && find . -mindepth 1 \
+     -not -name verify-durations.txt -not -name tree-core.txt -not -name 'doctor*.txt' \
+     -not -name profile.log -delete && mv /tmp/results.tgz . && ls -la)
 }
 
 sglang_version() { "$PY" -c "import importlib.metadata as m; print(m.version('sglang'))"; }
