@@ -57,6 +57,11 @@ def format_report(r: dict) -> str:
         lines.append(f"Layer 3     backend {d['backend']} (from {d['from'] or 'platform default'}), "
                      f"collectives run by {d['owner']}: {d.get('check', '')}")
         lines.append(f"            FlagCX library: {d['flagcx_library']}")
+    notes = (r.get("dispatch") or {}).get("notes") or []
+    if notes:
+        lines.append("empty mode: these ops run on their next kind (the first one's package is "
+                     "left out of this install):")
+        lines += [f"  NOTE {n}" for n in notes]
     lines.append("findings:" if r["findings"] else "findings:   none")
     lines += [f"  {f['level'].upper()} [{f['area']}] {f['message']}" for f in r["findings"]]
     lines.append(f"verdict: {r['verdict']} (exit {r['exit_code']}, {r['seconds']} s)")

@@ -157,8 +157,16 @@ def _dispatch(settings, findings: _Findings) -> dict:
     except NoImplementationError as exc:
         findings.error("dispatch", str(exc))
         return report
+    from sglang_fl import compat
+
+    notes = report.setdefault("notes", [])
     for r in resolved.values():  # each bucket's own order too; the server logs the same line
-        if r.passed_over:
+        if r.passed_over and compat.state.standins and all(
+                "sglang-fl stand-in" in why for _, why in r.passed_over):
+            # Empty mode by design: the kind's kernels come from a package this install leaves
+            # out (the install line says which). Shown, not a departure from the configuration.
+            notes.append(describe_passed_over(r))
+        elif r.passed_over:
             findings.warn("dispatch", describe_passed_over(r))
     if settings.platform != "cpu":
         for key, r in resolved.items():
