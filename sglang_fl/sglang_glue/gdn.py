@@ -306,12 +306,41 @@ def _routed_conv_update(original):
     return causal_conv1d_update
 
 
+def _routed_fused_conv_update_check(original):
+    """SGLang 0.5.23 fuses the decode's QKVZ/BA unpack with the conv1d update into one kernel
+    of its own when this check says eligible (CUDA; seen on the 27B shape, 2026-12-03), so
+    ``causal_conv1d_update`` is never called. That kernel is SGLang's, i.e. vendor.cuda's
+    family: where the op's route is vendor.cuda the fused one runs (one kernel less per layer)
+    and the route is logged as taken through it; any other route (FlagGems, another vendor,
+    the reference) gets the unfused path, whose conv1d update then goes through the op."""
+    def can_use_fused_qkvzba_causal_conv1d_update_contiguous(*args, **kwargs):
+        eligible, why = original(*args, **kwargs)
+        if not eligible:
+            return eligible, why
+        slot = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update")
+        impl = slot.resolved.impl
+        if impl.impl_id == "vendor.cuda":
+            from sglang_fl.config import get_settings
+            from sglang_fl.sglang_glue.dispatch_log import log_dispatch
+
+            log_dispatch("gdn_backend.causal_conv1d_update",
+                         f"{impl.label} (SGLang's fused QKVZ/BA unpack + conv1d update)",
+                         get_settings().dispatch_log)
+            return eligible, why
+        return False, f"sglang-fl routes causal_conv1d_update to {impl.impl_id}"
+
+    return can_use_fused_qkvzba_causal_conv1d_update_contiguous
+
+
 #: What `install_kernel_routes` replaces: (attribute of the kernel class, or global of the
 #: backend module) -> the function making its replacement from SGLang's original.
 KERNEL_METHODS = {"extend": _routed_extend, "decode": _routed_decode,
                   "packed_decode": _routed_packed_decode}
 BACKEND_GLOBALS = {"fused_gdn_gating": _routed_gating, "causal_conv1d_fn": _routed_conv,
-                   "causal_conv1d_update": _routed_conv_update}
+                   "causal_conv1d_update": _routed_conv_update,
+                   # 0.5.23 only (absent in 0.5.11: `_replace` skips it)
+                   "can_use_fused_qkvzba_causal_conv1d_update_contiguous":
+                       _routed_fused_conv_update_check}
 
 
 def _replace(owner, name: str, make) -> None:
