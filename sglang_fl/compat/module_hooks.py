@@ -2,8 +2,8 @@
 
 `ModuleHookFinder` sits first on ``sys.meta_path`` but answers only for the module names that
 have hooks; it finds the real spec through the other finders and wraps its loader so that
-``before(name)`` runs just before the module body and ``after(module)`` right after it, even when
-the body raises. Used by the native swaps, the SGLang fixes and the scoped torchvision
+``before(name)`` runs just before the module body and ``after(module)`` right after it, when the
+body ran to its end (a body that raises keeps its own error). Used by the native swaps, the SGLang fixes and the scoped torchvision
 stand-in.
 """
 
@@ -28,11 +28,13 @@ class _HookedLoader:
         name = module.__name__
         for fn in _before.get(name, ()):
             fn(name)
-        try:
-            self._loader.exec_module(module)
-        finally:
-            for fn in _after.get(name, ()):
-                fn(module)
+        # After-hooks run on a module that executed: one that raised (an import inside it
+        # failed) is left to raise its own error, which a hook checking for the module's
+        # contents would otherwise replace (seen on the H200: "fix grammar_mask_device: ...
+        # apply_vocab_mask no longer exists" hid xgrammar's own import error).
+        self._loader.exec_module(module)
+        for fn in _after.get(name, ()):
+            fn(module)
 
     def __getattr__(self, name):  # get_source, is_package ... for tracebacks and inspect
         return getattr(self._loader, name)

@@ -127,7 +127,11 @@ def test_layer1_ops_match_pytorch(tokens, layer1_set):
     assert not bad, "Layer-1 default set disagrees with PyTorch:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("layer1_set", LAYER1_SETS)
+# The whole-model forward under the full set was the one case still running when the 0.5.23
+# default suite hit its 240 s limit on the H200 (2026-12-03, 513 passed before it): --exhaustive.
+@pytest.mark.parametrize("layer1_set", [s if s == "cuda.yaml" else
+                                        pytest.param(s, marks=pytest.mark.exhaustive)
+                                        for s in LAYER1_SETS])
 def test_layer1_tiny_qwen2_forward(layer1_set):
     """A whole Qwen2 forward (HF transformers, Qwen2.5-0.5B widths, 2 layers) under the set:
     logits agree and greedy next tokens are the same."""

@@ -163,6 +163,21 @@ def test_module_hooks_run_around_module_execution(tmp_path, monkeypatch):
         sys.modules.pop("sglang_fl_hooked_mod", None)
 
 
+def test_a_module_that_fails_to_import_keeps_its_own_error(tmp_path, monkeypatch):
+    """An after-hook that checks the module's contents (the SGLang fixes raise when what they
+    wrap is gone) must not replace the module's own import error (seen on the H200: xgrammar's
+    failure hidden behind 'fix grammar_mask_device: ... no longer exists')."""
+    (tmp_path / "sglang_fl_failing_mod.py").write_text("raise ImportError('the real reason')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module_hooks.add_hook("sglang_fl_failing_mod", after=lambda m: pytest.fail("hook ran"))
+    try:
+        with pytest.raises(ImportError, match="the real reason"):
+            import sglang_fl_failing_mod  # noqa: F401
+    finally:
+        module_hooks._after.pop("sglang_fl_failing_mod")
+        sys.modules.pop("sglang_fl_failing_mod", None)
+
+
 def test_ledger_lists_every_patch_with_why_how_upstream_and_removal():
     names = {p.name for p in compat.LEDGER}
     for pkg in compat.STANDIN_PACKAGES:
