@@ -3,8 +3,10 @@
 ``demo`` is the one-command proof that the plugin serves: it builds (or reuses) the embedded
 random-weight Qwen2, runs SGLang's unchanged ``launch_server`` with sglang-fl
 loaded, sends one OpenAI-style chat completion, and prints the reply, which backend served each
-fused op (from the ``[OOT-DISPATCH]`` log) and the throughput. The server is always shut down,
-also on Ctrl-C. Exit status 0 means the chat worked and the server then stopped cleanly
+fused op (from the ``[OOT-DISPATCH]`` log) and the throughput. The server is always shut down.
+A Ctrl-C at any moment of the demo stops it, and the server with all it started, with exit
+status 130 (`_CtrlC` says why Python's KeyboardInterrupt alone does not do that). Exit status 0
+means the chat worked and the server then stopped cleanly
 (SIGTERM, gone within the stop timeout; SGLang itself then exits with -9, see
 `sglang_fl.serving.StopResult`); any failure, including a server that died on its own or had to
 be SIGKILLed, exits non-zero with the reason.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -114,8 +117,55 @@ class _Progress:
             self.stream.flush()
 
 
+class _CtrlC:
+    """The demo's SIGINT handler: Python's own (raise KeyboardInterrupt) that also records the
+    signal, so that no library can lose a Ctrl-C.
+
+    Python raises KeyboardInterrupt in whatever the main thread runs when the signal comes, and
+    some library code drops it: torch's C initialisation imports numpy and clears any error of
+    that import, a KeyboardInterrupt included. The demo spends seconds in ``import torch``
+    before it launches the server (platform detection: about 2 s, over 10 s on a loaded 2-core
+    host); a Ctrl-C there was lost, and the demo served and exited 0. `check` raises it again
+    at each step of start-up (and ``launched_server``'s wait then stops the server).
+    A SIGINT inherited as ignored (a background job of a non-interactive shell) stays ignored,
+    as Python leaves it.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous = None
+
+    def __enter__(self) -> _CtrlC:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
 def cmd_demo(args) -> int:
-    from sglang_fl.serving import ServerStartError, launched_server
+    progress = _Progress()
+    with _CtrlC() as ctrl_c:
+        try:
+            return _demo(args, progress, ctrl_c)
+        except KeyboardInterrupt:  # before the launch; _demo answers those that come after it
+            progress.done()
+            print("\nsglang-fl demo: interrupted before the server was launched", file=sys.stderr)
+            return 130
+
+
+def _demo(args, progress: _Progress, ctrl_c: _CtrlC) -> int:
+    from sglang_fl.serving import ServerStartError, build_command, launched_server
 
     if args.model:
         model = args.model
@@ -130,15 +180,19 @@ def cmd_demo(args) -> int:
     dispatch_log = workdir / "dispatch.log"
     log_path = args.log or workdir / "server.log"
     env = {"SGLANG_FL_DISPATCH_LOG": str(dispatch_log)}
-    progress = _Progress()
-    from sglang_fl.serving import build_command
-
     launch = build_command(model, "<host>", 0)[1:3]  # -m <SGLang's launch_server module>
+    ctrl_c.check()  # one that torch's import dropped (build_command detects the platform)
     print(f"launching: python {' '.join(launch)} --model-path {model} {' '.join(args.server_args)}")
     print(f"server log: {log_path}")
+
+    def waiting(elapsed: float, last_line: str) -> None:
+        ctrl_c.check()  # raised in launched_server's wait, which then stops the server
+        progress(elapsed, last_line)
+
     try:
         with launched_server(model, args.server_args, env, log_path=log_path, timeout=args.timeout,
-                             progress=progress) as srv:
+                             progress=waiting) as srv:
+            ctrl_c.check()
             progress.done()
             print(f"server healthy after {srv.start_seconds:.1f}s at {srv.url}")
             payload = {
@@ -164,6 +218,7 @@ def cmd_demo(args) -> int:
                       " SGLang's own forward ran")
             print(f"\nthroughput: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s "
                   f"(one request, includes prefill)")
+        ctrl_c.check()  # one dropped while the request ran or the server stopped
     except ServerStartError as exc:
         progress.done()
         print(f"sglang-fl demo: {exc}", file=sys.stderr)
