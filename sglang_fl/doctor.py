@@ -161,10 +161,7 @@ def _dispatch(settings, findings: _Findings) -> dict:
 
     notes = report.setdefault("notes", [])
     for r in resolved.values():  # each bucket's own order too; the server logs the same line
-        if r.passed_over and compat.state.standins and all(
-                "sglang-fl stand-in" in why for _, why in r.passed_over):
-            # Empty mode by design: the kind's kernels come from a package this install leaves
-            # out (the install line says which). Shown, not a departure from the configuration.
+        if r.passed_over and left_out_by_empty_mode(r, compat.state.standins):
             notes.append(describe_passed_over(r))
         elif r.passed_over:
             findings.warn("dispatch", describe_passed_over(r))
@@ -175,6 +172,14 @@ def _dispatch(settings, findings: _Findings) -> dict:
                 findings.warn("dispatch", f"{key} on {settings.platform}: {slow} go to the "
                                           "pure-PyTorch reference (a slow path on an accelerator)")
     return report
+
+
+def left_out_by_empty_mode(resolved, standins) -> bool:
+    """Whether every kind passed over for this op lacks it only because its package is an
+    sglang-fl stand-in in this (empty-mode) install: the configuration's order cannot apply
+    there by design, and the install line already names the packages left out. A note, not a
+    departure from the configuration."""
+    return bool(standins) and all("sglang-fl stand-in" in why for _, why in resolved.passed_over)
 
 
 def reference_routes(resolved) -> str | None:
