@@ -338,9 +338,11 @@ KERNEL_METHODS = {"extend": _routed_extend, "decode": _routed_decode,
                   "packed_decode": _routed_packed_decode}
 BACKEND_GLOBALS = {"fused_gdn_gating": _routed_gating, "causal_conv1d_fn": _routed_conv,
                    "causal_conv1d_update": _routed_conv_update,
-                   # 0.5.23 only (absent in 0.5.11: `_replace` skips it)
                    "can_use_fused_qkvzba_causal_conv1d_update_contiguous":
                        _routed_fused_conv_update_check}
+#: Globals only some versions and hosts have (`_replace` skips an absent one): the fused decode
+#: check exists in 0.5.23, imported on CUDA/HIP/XPU hosts only.
+OPTIONAL_BACKEND_GLOBALS = frozenset({"can_use_fused_qkvzba_causal_conv1d_update_contiguous"})
 
 
 def _replace(owner, name: str, make) -> None:

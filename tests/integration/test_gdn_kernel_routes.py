@@ -33,7 +33,8 @@ def routed(sglang_with_plugin):
     cls = getattr(importlib.import_module(module_name), class_name)
     backend = importlib.import_module(adapter.GDN_BACKEND_MODULE)
     saved = ([(cls, n, cls.__dict__[n]) for n in gdn.KERNEL_METHODS]
-             + [(backend, n, getattr(backend, n)) for n in gdn.BACKEND_GLOBALS])
+             + [(backend, n, getattr(backend, n)) for n in gdn.BACKEND_GLOBALS
+                if n not in gdn.OPTIONAL_BACKEND_GLOBALS or hasattr(backend, n)])
     snapshot = cls.__dict__.get("supports_track_state_snapshot")
     gdn.install_kernel_routes(adapter)
     yield cls(), backend
@@ -66,6 +67,8 @@ def test_every_method_and_global_the_route_replaces_is_routed(routed):
     for name in gdn.KERNEL_METHODS:
         assert getattr(type(kernel), name).__sglang_fl_routed__, name
     for name in gdn.BACKEND_GLOBALS:
+        if name in gdn.OPTIONAL_BACKEND_GLOBALS and not hasattr(backend, name):
+            continue
         assert getattr(backend, name).__sglang_fl_routed__, name
     from sglang_fl.sglang_glue.adapters import get_adapter
 
