@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from array import array
 
 import torch
 
@@ -32,28 +31,15 @@ def main() -> None:
     if adapter.TREE_CORE_REGISTRY is None:
         print(f"SGLang {adapter.version}: no Rust TreeCore")
         return
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.rust_tree_core import extension
-    from sglang.srt.mem_cache.rust_tree_core.adapter import RustUnifiedTreeCore
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     print(f"extension: {getattr(extension.bindings, '__file__', extension.bindings)}")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
-        for dtype in (torch.int64, torch.int32, torch.float32):
-            core = RustUnifiedTreeCore(CacheInitParams(
-                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-                page_size=1, tree_components=(ComponentType.FULL,)))
-            value = torch.arange(3, dtype=dtype, device=device)
+        for dtype in ("int64", "int32", "float32"):
             try:
-                core.begin_insert(InsertParams(key=RadixKey(array("q", [1, 2, 3])), value=value))
-                if core.has_ongoing_insert():
-                    core.end_insert()
-                flat = core.all_values_flatten()
-                print(f"{device} {dtype}: ok, tree holds {core.evictable_size()} tokens, values "
-                      f"back as {flat.dtype} {flat.tolist()}")
+                adapter.rust_tree_core_insert(device, dtype)
+                print(f"{device} {dtype}: ok, the tree holds the 3 tokens")
             except BaseException as exc:  # noqa: BLE001 - a Rust panic arrives as any of these
                 print(f"{device} {dtype}: {type(exc).__name__}: {' '.join(str(exc).split())[:240]}")
     for device in devices:

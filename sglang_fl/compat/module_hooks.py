@@ -3,8 +3,8 @@
 `ModuleHookFinder` sits first on ``sys.meta_path`` but answers only for the module names that
 have hooks; it finds the real spec through the other finders and wraps its loader so that
 ``before(name)`` runs just before the module body and ``after(module)`` right after it, when the
-body ran to its end (a body that raises keeps its own error). Used by the native swaps, the SGLang fixes and the scoped torchvision
-stand-in.
+body ran to its end (a body that raises keeps its own error). Used by the native swaps, the
+SGLang fixes and the scoped torchvision stand-in.
 """
 
 from __future__ import annotations

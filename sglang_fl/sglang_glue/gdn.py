@@ -313,19 +313,22 @@ def _routed_fused_conv_update_check(original):
     family: where the op's route is vendor.cuda the fused one runs (one kernel less per layer)
     and the route is logged as taken through it; any other route (FlagGems, another vendor,
     the reference) gets the unfused path, whose conv1d update then goes through the op."""
+    logged = []  # the route line is written once; the check runs per eager decode step
+
     def can_use_fused_qkvzba_causal_conv1d_update_contiguous(*args, **kwargs):
         eligible, why = original(*args, **kwargs)
         if not eligible:
             return eligible, why
-        slot = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update")
-        impl = slot.resolved.impl
+        impl = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update").resolved.impl
         if impl.impl_id == "vendor.cuda":
-            from sglang_fl.config import get_settings
-            from sglang_fl.sglang_glue.dispatch_log import log_dispatch
+            if not logged:
+                from sglang_fl.config import get_settings
+                from sglang_fl.sglang_glue.dispatch_log import log_dispatch
 
-            log_dispatch("gdn_backend.causal_conv1d_update",
-                         f"{impl.label} (SGLang's fused QKVZ/BA unpack + conv1d update)",
-                         get_settings().dispatch_log)
+                logged.append(impl)
+                log_dispatch("gdn_backend.causal_conv1d_update",
+                             f"{impl.label} (SGLang's fused QKVZ/BA unpack + conv1d update)",
+                             get_settings().dispatch_log)
             return eligible, why
         return False, f"sglang-fl routes causal_conv1d_update to {impl.impl_id}"
 

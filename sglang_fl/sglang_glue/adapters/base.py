@@ -283,6 +283,11 @@ class SGLangAdapter:
         """The TreeCore the user named through `TREE_CORE_ENV`, None when unset."""
         return None
 
+    def rust_tree_core_insert(self, device: str = "cpu", dtype: str = "int64") -> None:
+        """Insert one 3-token key, its values a ``dtype`` tensor on ``device``, into a fresh
+        Rust TreeCore; raises what the core raises (versions with a TreeCore choice only)."""
+        raise NotImplementedError(f"SGLang {self.version} has no Rust TreeCore")
+
     def rust_tree_core_problem(self, device: str = "cpu") -> str | None:
         """Why SGLang's bundled Rust TreeCore cannot serve a cache on ``device`` in this
         process, None when it can (or when this version has none)."""

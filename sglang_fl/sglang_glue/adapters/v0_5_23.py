@@ -185,35 +185,39 @@ class SGLang0523(SGLangAdapter):
         var = envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND
         return var.get() if var.is_set() else None
 
-    def rust_tree_core_problem(self, device: str = "cpu") -> str | None:
-        """One key inserted into a fresh Rust TreeCore on ``device``, through SGLang's own
-        adapter class: the call that panicked on SGLang's first prefill on the H200 image
-        (``UnknownKind(19)`` from tch, torch 2.11). The extension in the wheel is compiled
-        against the torch SGLang pins, and it reads tensors through that torch's C++ headers:
-        under another torch release whose layouts differ it reads garbage. SGLang's own gate
-        checks only the range a source build supports (2.11-2.14)."""
-        import importlib.metadata
+    def rust_tree_core_insert(self, device: str = "cpu", dtype: str = "int64") -> None:
         from array import array
+
+        import torch
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.mem_cache.rust_tree_core.adapter import RustUnifiedTreeCore
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        core = RustUnifiedTreeCore(CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+            page_size=1, tree_components=(ComponentType.FULL,)))
+        core.begin_insert(InsertParams(key=RadixKey(array("q", [1, 2, 3])), value=torch.arange(
+            3, dtype=getattr(torch, dtype), device=device)))
+        if core.has_ongoing_insert():
+            core.end_insert()
+        if core.evictable_size() != 3:
+            raise RuntimeError(f"after a 3-token insert the tree holds {core.evictable_size()}")
+
+    def rust_tree_core_problem(self, device: str = "cpu") -> str | None:
+        """`rust_tree_core_insert` through SGLang's own adapter class: the call that panicked
+        on SGLang's first prefill on the H200 image (``UnknownKind(19)`` from tch, torch 2.11).
+        The extension in the wheel is compiled against the torch SGLang pins, and it reads
+        tensors through that torch's C++ headers: under another torch release whose layouts
+        differ it reads garbage. SGLang's own gate checks only the range a source build
+        supports (2.11-2.14)."""
+        import importlib.metadata
 
         import torch
 
         try:
-            from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-            from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-            from sglang.srt.mem_cache.radix_cache import RadixKey
-            from sglang.srt.mem_cache.rust_tree_core.adapter import RustUnifiedTreeCore
-            from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-
-            core = RustUnifiedTreeCore(CacheInitParams(
-                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-                page_size=1, tree_components=(ComponentType.FULL,)))
-            core.begin_insert(InsertParams(key=RadixKey(array("q", [1, 2, 3])),
-                                           value=torch.arange(3, dtype=torch.int64,
-                                                              device=device)))
-            if core.has_ongoing_insert():
-                core.end_insert()
-            if core.evictable_size() != 3:
-                raise RuntimeError(f"after a 3-token insert the tree holds {core.evictable_size()}")
+            self.rust_tree_core_insert(device)
             return None
         except Exception as exc:  # noqa: BLE001 - any failure means: do not serve on it
             pins = [r for r in importlib.metadata.requires("sglang") or ()
