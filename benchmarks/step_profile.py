@@ -183,7 +183,8 @@ def prefill_one(server, vocab, batch: int, tokens: int, repeats: int, out_dir: P
     finally:
         server.post_json("/stop_profile", {}, timeout=300)
     return {"batch": batch, "tokens": tokens, "untraced_ms": untraced * 1e3,
-            "traced_ms": traced[len(traced) // 2] * 1e3, "trace": analyze_trace_dir(trace_dir, gap_us)}
+            "traced_ms": traced[len(traced) // 2] * 1e3,
+            "trace": analyze_trace_dir(trace_dir, gap_us, phase="prefill")}
 
 
 def decode_cases(args, server, vocab, name, out, py_spy):

@@ -20,10 +20,12 @@ from pathlib import Path
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cuda_runtime", "cuda_driver")
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-            "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
-#: SGLang 0.5.11 marks each forward, while profiling, with this CPU span (model_runner.forward).
-STEP_SPAN = "step["
+            "cudaLaunchCooperativeKernel", *GRAPH_LAUNCHES)
+#: SGLang 0.5.11 marks each forward, while profiling, with a CPU span named ``step[MODE ...]``
+#: (model_runner.forward); 0.5.23 does not. The span prefixes of each phase:
+STEP_SPANS = {None: ("step[",), "prefill": ("step[EXTEND", "step[MIXED", "step[SPLIT_PREFILL")}
 #: Per kernel name: calls, GPU time, calls matched to a launch, host time in those launch calls,
 #: host time since the previous kernel's launch, and GPU idle time just before the kernel.
 ROW_KEYS = ("count", "gpu_us", "launched", "launch_us", "host_us", "idle_before_us")
@@ -82,10 +84,10 @@ def _complete(events, cats):
 
 
 def split_forwards(kernels, launch_of, spans, gap_us):
-    """Kernels per forward: those launched inside each step span when the trace has them, else
-    runs of kernels separated by GPU idle gaps longer than ``gap_us``. Returns (name, kernels)
-    pairs and the kernels left out of every forward."""
-    if spans:
+    """Kernels per forward: those launched inside each step span, else (``spans`` None: the
+    trace has none) runs of kernels separated by GPU idle gaps longer than ``gap_us``. Returns
+    (name, kernels) pairs and the kernels left out of every forward."""
+    if spans is not None:
         forwards, taken = [], set()
         for span in sorted(spans, key=lambda s: s["ts"]):
             lo, hi = span["ts"], span["ts"] + span.get("dur", 0)
@@ -107,8 +109,11 @@ def split_forwards(kernels, launch_of, spans, gap_us):
     return forwards, []
 
 
-def analyze_events(events, gap_us: float = 1000.0):
-    """(forwards, per-kernel rows, left-out kernels) of one trace file's events."""
+def analyze_events(events, gap_us: float = 1000.0, phase: str | None = None):
+    """(forwards, per-kernel rows, left-out kernels) of one trace file's events. ``phase``
+    "prefill" keeps the forwards of prefill spans only, and without spans leaves out kernels of
+    CUDA-graph replays: with the prefill graph off (as step_profile serves), those are the
+    decode step the overlap scheduler runs after a prefill even for a one-token request."""
     kernels = sorted(({**e, "dur": float(e.get("dur", 0))} for e in _complete(events, GPU_CATS)),
                      key=lambda k: k["ts"])
     host = {}
@@ -117,9 +122,17 @@ def analyze_events(events, gap_us: float = 1000.0):
         if c is not None and (c not in host or e.get("name") in LAUNCHES):
             host[c] = e
     launch_of = {id(k): host[_corr(k)] for k in kernels if _corr(k) in host}
-    spans = [e for e in _complete(events, ("user_annotation",))
-             if str(e.get("name", "")).startswith(STEP_SPAN)]
+    steps = [e for e in _complete(events, ("user_annotation",))
+             if str(e.get("name", "")).startswith(STEP_SPANS[None])]
+    spans, replays = [e for e in steps if e["name"].startswith(STEP_SPANS[phase])], []
+    if not steps:
+        spans = None
+        if phase == "prefill":
+            graphed = {id(k) for k in kernels if launch_of.get(id(k), {}).get("name") in GRAPH_LAUNCHES}
+            replays = [k for k in kernels if id(k) in graphed]
+            kernels = [k for k in kernels if id(k) not in graphed]
     forwards, outside = split_forwards(kernels, launch_of, spans, gap_us)
+    outside += replays
     rows, out = collections.defaultdict(lambda: dict.fromkeys(ROW_KEYS, 0.0)), []
     for name, members in forwards:
         members = sorted(members, key=lambda k: k["ts"])
@@ -143,9 +156,10 @@ def analyze_events(events, gap_us: float = 1000.0):
     return out, rows, outside
 
 
-def analyze_trace_dir(trace_dir: Path, gap_us: float = 1000.0) -> dict:
-    """Forwards and kernels of every trace file under ``trace_dir``, pooled (one file per rank
-    or per profiled stage); unreadable files are reported, not fatal."""
+def analyze_trace_dir(trace_dir: Path, gap_us: float = 1000.0, phase: str | None = None) -> dict:
+    """Forwards (of ``phase``, see `analyze_events`) and kernels of every trace file under
+    ``trace_dir``, pooled (one file per rank or per profiled stage); unreadable files are
+    reported, not fatal."""
     files = trace_files(trace_dir)
     if not files:
         return {"error": f"no trace file under {trace_dir}"}
@@ -157,7 +171,7 @@ def analyze_trace_dir(trace_dir: Path, gap_us: float = 1000.0) -> dict:
             errors.append(str(exc))
             continue
         cpu_ops += sum(1 for e in events if e.get("cat") == "cpu_op")
-        got, got_rows, left = analyze_events(events, gap_us)
+        got, got_rows, left = analyze_events(events, gap_us, phase)
         forwards += [{**f, "file": os.path.basename(path)} for f in got]
         outside += left
         for name, row in got_rows.items():

@@ -139,3 +139,27 @@ def test_verdict_names_a_configuration_without_kernels(tmp_path):
     cpu = {"error": "no GPU kernels in the trace"}
     assert ta.verdict({"native-L1off": {"1x8": cpu}}, "native-L1off") == [
         "native-L1off: no GPU forward analysed (no GPU kernels in the trace)"]
+
+
+def test_prefill_phase_keeps_prefill_spans_only(tmp_path):
+    spans = [("step[EXTEND bs=1 toks=512]", 0, 120), ("step[DECODE bs=1]", 4990, 100)]
+    write(tmp_path / "t.json", events(*LAUNCH_BOUND, spans=spans))
+    got = ta.analyze_trace_dir(tmp_path, phase="prefill")
+    assert [f["kernels"] for f in got["forwards"]] == [4]
+    assert got["outside_forwards"]["kernels"] == 2
+    decode_only = tmp_path / "d"
+    write(decode_only / "t.json", events(*LAUNCH_BOUND, spans=spans[1:]))
+    assert ta.analyze_trace_dir(decode_only, phase="prefill")["error"].startswith("no GPU kernels")
+
+
+def test_prefill_phase_without_spans_leaves_graph_replays_out(tmp_path):
+    """SGLang 0.5.23 has no step spans; the decode step after a one-token prefill replays the
+    decode CUDA graph right behind the prefill's eager kernels."""
+    replay = [("decode_gemm", 160, 160, 5, "cudaGraphLaunch"), ("decode_norm", 160, 166, 1,
+                                                                 "cudaGraphLaunch")]
+    write(tmp_path / "t.json", events(*LAUNCH_BOUND[:4], *replay))
+    got = ta.analyze_trace_dir(tmp_path, phase="prefill")
+    assert [(f["name"], f["kernels"], f["wall_us"]) for f in got["forwards"]] == [
+        ("segment 1", 4, 142)]
+    assert got["outside_forwards"] == {"kernels": 2, "gpu_us": 6}
+    assert ta.analyze_trace_dir(tmp_path)["totals"]["kernels"] == 6  # no phase: all count
