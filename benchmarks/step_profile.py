@@ -23,7 +23,7 @@ split into extra busy and extra idle time (launch-bound when idle dominates). Th
 with ``with_stack`` and ``record_shapes`` off (both add host time per op); the profiler's own
 per-op cost remains, which the traced against untraced latency shows.
 
-Writes OUT_DIR/<phase>-profile.json and prints tables. Servers use e2e_bench's SERVER_ARGS
+Writes OUT_DIR/<phase>-profile.json (after each configuration) and prints tables. Servers use e2e_bench's SERVER_ARGS
 (SGLang's defaults otherwise; the JSON lists them).
 """
 
@@ -263,8 +263,8 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default="1x512,4x512,8x2048", help="prefill: BATCHxTOKENS list")
     ap.add_argument("--repeats", type=int, default=2, help="prefill: traced requests per shape")
     ap.add_argument("--gap-us", type=float, default=1000.0,
-                    help="prefill: a GPU idle gap that splits forwards when the trace has no "
-                         "step spans (SGLang 0.5.23)")
+                    help="prefill: a GPU idle gap that splits forwards in a trace without "
+                         "SGLang's step[...] spans")
     ap.add_argument("--top", type=int, default=12, help="prefill: kernels listed per configuration")
     args = ap.parse_args(argv)
     try:
@@ -306,7 +306,8 @@ def main(argv=None) -> int:
             doc.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[-2000:]
             shutil.copy(log, out / f"server-{name}-failed.log") if log.is_file() else None
             print(name, "failed:", doc["errors"][name][-600:], flush=True)
-    (out / f"{args.phase}-profile.json").write_text(json.dumps(doc, indent=1))
+        # after each configuration: a run cut by a time limit keeps what it measured
+        (out / f"{args.phase}-profile.json").write_text(json.dumps(doc, indent=1))
     lines = decode_table(doc) if args.phase == "decode" else prefill_table(doc, args.top)
     lines += [f"{name} failed: {error[-300:]}" for name, error in doc.get("errors", {}).items()]
     print("\n" + "\n".join(lines))

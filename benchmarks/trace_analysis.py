@@ -23,8 +23,8 @@ HOST_CATS = ("cuda_runtime", "cuda_driver")
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
             "cudaLaunchCooperativeKernel", *GRAPH_LAUNCHES)
-#: SGLang 0.5.11 marks each forward, while profiling, with a CPU span named ``step[MODE ...]``
-#: (model_runner.forward); 0.5.23 does not. The span prefixes of each phase:
+#: SGLang (0.5.11 and 0.5.23) marks each forward, while profiling, with a CPU span named
+#: ``step[MODE ...]`` (model_runner.forward). The span prefixes of each phase:
 STEP_SPANS = {None: ("step[",), "prefill": ("step[EXTEND", "step[MIXED", "step[SPLIT_PREFILL")}
 #: Per kernel name: calls, GPU time, calls matched to a launch, host time in those launch calls,
 #: host time since the previous kernel's launch, and GPU idle time just before the kernel.
@@ -111,9 +111,10 @@ def split_forwards(kernels, launch_of, spans, gap_us):
 
 def analyze_events(events, gap_us: float = 1000.0, phase: str | None = None):
     """(forwards, per-kernel rows, left-out kernels) of one trace file's events. ``phase``
-    "prefill" keeps the forwards of prefill spans only, and without spans leaves out kernels of
-    CUDA-graph replays: with the prefill graph off (as step_profile serves), those are the
-    decode step the overlap scheduler runs after a prefill even for a one-token request."""
+    "prefill" keeps the forwards of prefill spans only, leaving out the decode step that SGLang
+    runs after a prefill even for a one-token request; in a trace without spans it leaves out
+    CUDA-graph replays instead (with the prefill graph off, as step_profile serves, those are
+    that decode step)."""
     kernels = sorted(({**e, "dur": float(e.get("dur", 0))} for e in _complete(events, GPU_CATS)),
                      key=lambda k: k["ts"])
     host = {}

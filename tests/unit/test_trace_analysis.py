@@ -153,8 +153,8 @@ def test_prefill_phase_keeps_prefill_spans_only(tmp_path):
 
 
 def test_prefill_phase_without_spans_leaves_graph_replays_out(tmp_path):
-    """SGLang 0.5.23 has no step spans; the decode step after a one-token prefill replays the
-    decode CUDA graph right behind the prefill's eager kernels."""
+    """A trace without step spans (an SGLang that does not write them): the decode step after a
+    one-token prefill replays the decode CUDA graph right behind the prefill's eager kernels."""
     replay = [("decode_gemm", 160, 160, 5, "cudaGraphLaunch"), ("decode_norm", 160, 166, 1,
                                                                  "cudaGraphLaunch")]
     write(tmp_path / "t.json", events(*LAUNCH_BOUND[:4], *replay))
