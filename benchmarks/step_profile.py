@@ -23,8 +23,8 @@ split into extra busy and extra idle time (launch-bound when idle dominates). Th
 with ``with_stack`` and ``record_shapes`` off (both add host time per op); the profiler's own
 per-op cost remains, which the traced against untraced latency shows.
 
-Writes OUT_DIR/<phase>-profile.json (after each configuration) and prints tables. Servers use e2e_bench's SERVER_ARGS
-(SGLang's defaults otherwise; the JSON lists them).
+Writes OUT_DIR/<phase>-profile.json (after each configuration) and prints tables. Servers use
+e2e_bench's SERVER_ARGS (SGLang's defaults otherwise; the JSON lists them).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
     for item in text.split(","):
         batch, sep, tokens = item.strip().lower().partition("x")
-        if not (sep and batch.isdigit() and tokens.isdigit() and int(batch) > 0 and int(tokens) > 0):
+        if not (sep and batch.isdigit() and tokens.isdigit() and min(int(batch), int(tokens)) > 0):
             raise ValueError(f"--shapes: {item!r} is not BATCHxTOKENS with positive integers "
                              "(e.g. 1x512,8x2048)")
         shapes.append((int(batch), int(tokens)))
@@ -187,22 +187,22 @@ def prefill_one(server, vocab, batch: int, tokens: int, repeats: int, out_dir: P
             "trace": analyze_trace_dir(trace_dir, gap_us, phase="prefill")}
 
 
-def decode_cases(args, server, vocab, name, out, py_spy):
+def decode_cases(args, server, vocab, name, out):
     for batch in args.batches:
         tag = f"{name}-bs{batch}"
-        res = profile_one(server, vocab, batch, args.seconds, out, tag, py_spy)
+        res = profile_one(server, vocab, batch, args.seconds, out, tag, args.py_spy)
         print(tag, json.dumps({k: v for k, v in res.items() if k != "pyspy"}), flush=True)
         yield tag, res
 
 
-def prefill_cases(args, server, vocab, name, out, py_spy):
-    del py_spy
+def prefill_cases(args, server, vocab, name, out):
     for batch, tokens in args.shapes:
         shape = f"{batch}x{tokens}"
         res = prefill_one(server, vocab, batch, tokens, args.repeats, out, f"{name}-{shape}",
                           args.gap_us)
         t = res["trace"].get("totals")
-        print(f"{name} {shape}: untraced {res['untraced_ms']:.1f} ms, traced {res['traced_ms']:.1f} ms, "
+        print(f"{name} {shape}: untraced {res['untraced_ms']:.1f} ms, traced "
+              f"{res['traced_ms']:.1f} ms, "
               + (f"GPU idle {t['idle_share']:.0%} of {len(res['trace']['forwards'])} forwards"
                  if t else res["trace"].get("error", "?")), flush=True)
         yield shape, res
@@ -231,9 +231,10 @@ def prefill_table(doc, top: int) -> list[str]:
         for shape, r in shapes.items():
             t, n = r["trace"].get("totals"), len(r["trace"].get("forwards", ())) or 1
             cells = (f"{n:>4} {t['wall_us'] / n / 1e3:>8.2f} {t['busy_us'] / n / 1e3:>8.2f} "
-                     f"{t['idle_us'] / n / 1e3:>8.2f} {t['idle_share']:>5.0%} {t['kernels'] / n:>7.0f}"
-                     if t else r["trace"].get("error", "?"))
-            lines.append(f"{config:<16} {shape:<8} {r['untraced_ms']:>11.1f} {r['traced_ms']:>9.1f} {cells}")
+                     f"{t['idle_us'] / n / 1e3:>8.2f} {t['idle_share']:>5.0%} "
+                     f"{t['kernels'] / n:>7.0f}" if t else r["trace"].get("error", "?"))
+            lines.append(f"{config:<16} {shape:<8} {r['untraced_ms']:>11.1f} "
+                         f"{r['traced_ms']:>9.1f} {cells}")
     for config, shapes in traces.items():
         rows = collections.defaultdict(collections.Counter)
         for a in shapes.values():
@@ -285,7 +286,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    py_spy = shutil.which("py-spy") if args.phase == "decode" else None
+    args.py_spy = shutil.which("py-spy") if args.phase == "decode" else None
     vocab = model_vocab(args.model)
     cases = decode_cases if args.phase == "decode" else prefill_cases
     import importlib.metadata as md
@@ -300,7 +301,7 @@ def main(argv=None) -> int:
             with launched_server(args.model, [*SERVER_ARGS, *_version_args(), *extra,
                                               "--mem-fraction-static", str(args.mem_fraction)],
                                  env=env, log_path=log, timeout=400) as server:
-                for tag, res in cases(args, server, vocab, name, out, py_spy):
+                for tag, res in cases(args, server, vocab, name, out):
                     results[tag] = res
         except Exception as exc:  # noqa: BLE001 - recorded, the next configuration runs
             doc.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[-2000:]

@@ -129,7 +129,8 @@ def analyze_events(events, gap_us: float = 1000.0, phase: str | None = None):
     if not steps:
         spans = None
         if phase == "prefill":
-            graphed = {id(k) for k in kernels if launch_of.get(id(k), {}).get("name") in GRAPH_LAUNCHES}
+            graphed = {id(k) for k in kernels
+                       if launch_of.get(id(k), {}).get("name") in GRAPH_LAUNCHES}
             replays = [k for k in kernels if id(k) in graphed]
             kernels = [k for k in kernels if id(k) not in graphed]
     forwards, outside = split_forwards(kernels, launch_of, spans, gap_us)
@@ -180,6 +181,8 @@ def analyze_trace_dir(trace_dir: Path, gap_us: float = 1000.0, phase: str | None
             for key, value in row.items():
                 pooled[key] += value
     doc = {"files": [os.path.basename(p) for p in files], **({"errors": errors} if errors else {})}
+    if not forwards and outside:
+        return {**doc, "error": f"{len(outside)} GPU kernels, none in a {phase or 'step'} forward"}
     if not forwards:
         why = ("no GPU kernels in the trace" + (f" ({cpu_ops} CPU ops only: a CPU server's trace "
                                                  "has no GPU timeline)" if cpu_ops else ""))
@@ -198,7 +201,8 @@ def _per_forward(analysis: dict) -> dict | None:
     if "totals" not in analysis:
         return None
     n = len(analysis["forwards"])
-    return {key: analysis["totals"][key] / n for key in ("wall_us", "busy_us", "idle_us", "kernels")}
+    return {key: analysis["totals"][key] / n
+            for key in ("wall_us", "busy_us", "idle_us", "kernels")}
 
 
 def verdict(per_config: dict[str, dict[str, dict]], anchor: str, top: int = 3) -> list[str]:
@@ -220,8 +224,9 @@ def verdict(per_config: dict[str, dict[str, dict]], anchor: str, top: int = 3) -
                 gaps[row["name"]] += row["idle_before_us"]
         leaders = ", ".join(f"{name} {v / idle:.0%}" for name, v in gaps.most_common(top) if idle)
         lines.append(f"{config}: GPU idle {idle / wall:.0%} of the prefill wall "
-                     f"({idle / 1e3:.2f} of {wall / 1e3:.2f} ms, {sum(len(a['forwards']) for a in done)}"
-                     f" forwards); idle gaps before: {leaders or '-'}")
+                     f"({idle / 1e3:.2f} of {wall / 1e3:.2f} ms, "
+                     f"{sum(len(a['forwards']) for a in done)} forwards); idle gaps before: "
+                     f"{leaders or '-'}")
     base = per_config.get(anchor, {})
     for config, shapes in per_config.items():
         pairs = [(_per_forward(shapes[s]), _per_forward(base[s])) for s in shapes

@@ -36,7 +36,8 @@ def test_bad_token_lists_stop_before_any_backend_loads(argv, capsys):
 def test_table_shows_what_eager_pays_over_the_graph():
     def cell(graph, eager):
         stat = lambda v: {"median": v, "min": v, "max": v}  # noqa: E731
-        return {"graph_us": stat(graph), "eager_us": stat(eager), "eager_minus_graph_us": eager - graph}
+        return {"graph_us": stat(graph), "eager_us": stat(eager),
+                "eager_minus_graph_us": eager - graph}
 
     doc = {"results": [{"op": "rms_norm", "tokens": 512, "hidden": 896, "dtype": "bfloat16",
                         "flagos": cell(2.0, 54.0), "vendor.cuda": cell(1.5, 9.5)}]}

@@ -52,7 +52,8 @@ def test_parse_shapes_reads_batch_by_tokens_and_refuses_the_rest():
 def test_arguments_are_checked_before_any_server_starts(capsys):
     args = step_profile.parse_args(["--phase", "prefill", "--model", "m", "--out", "o"])
     assert args.configs == "native-L1off,flagos-L1off" and args.shapes[-1] == (8, 2048)
-    assert step_profile.parse_args(["--model", "m", "--out", "o"]).configs == "fl-defaults,flagos-L1off"
+    decode = step_profile.parse_args(["--model", "m", "--out", "o"])
+    assert decode.phase == "decode" and decode.configs == "fl-defaults,flagos-L1off"
     for bad in (["--shapes", "8x"], ["--repeats", "0"], ["--batches", "1,x"], ["--phase", "both"]):
         with pytest.raises(SystemExit):
             step_profile.parse_args(["--model", "m", "--out", "o", *bad])
