@@ -24,9 +24,17 @@
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
 #   doctor   sglang-fl doctor (text and --json) on this install -> $OUT/doctor.txt, doctor.json
 #   treecore tools/diagnose_tree_core.py -> $OUT/tree-core.txt (SGLang 0.5.23's Rust TreeCore)
-#   profile  benchmarks/decode_profile.py on $MODEL_DIR (PROFILE_ARGS adds arguments): decode
-#            step wall vs GPU time from SGLang's torch-profiler trace, py-spy of the scheduler
-#            -> $OUT/profile.log, $OUT/decode-profile-<sglang version>.json
+#   profile  benchmarks/step_profile.py --phase decode on $MODEL_DIR (PROFILE_ARGS adds
+#            arguments): decode step wall vs GPU time from SGLang's torch-profiler trace, py-spy
+#            of the scheduler -> $OUT/profile.log, $OUT/decode-profile-<sglang version>.json
+#   prefillprofile  where prefill time goes, FlagGems for every op against SGLang's own kernels
+#            (~240 s with the model made and the JIT built): benchmarks/op_bench.py at prefill
+#            sizes (eager, graph, eager - graph) -> $OUT/prefill-ops.json, .log; then
+#            benchmarks/step_profile.py --phase prefill on $MODEL_DIR (PREFILL_ARGS adds
+#            arguments): per forward wall, GPU busy and idle, per kernel GPU, launch, host and
+#            idle-gap time, and the launch-bound/kernel-bound verdict -> $OUT/prefill-profile.log,
+#            $OUT/prefill-profile-<sglang version>.json; KEEP_TRACES=1 adds the traces as
+#            $OUT/prefill-traces.tgz
 #   pack     everything under $OUT but the summaries into $OUT/results.tgz (call last)
 #   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
 #            fresh machine): install; treecore; doctor and the model beside the JIT warm-up
@@ -192,15 +200,32 @@ stage_treecore() {  # SGLang 0.5.23's Rust TreeCore under this torch: which tens
 stage_profile() {
   log "decode profile (torch profiler trace + py-spy) on $MODEL_DIR"
   args "${PROFILE_ARGS:-}"
-  timeout "${PROFILE_TIMEOUT:-400}" "$PY" benchmarks/decode_profile.py --model "$MODEL_DIR" \
-    --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" | tail -n 30
+  timeout "${PROFILE_TIMEOUT:-400}" "$PY" benchmarks/step_profile.py --phase decode \
+    --model "$MODEL_DIR" --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" \
+    | tail -n 30
   cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
+}
+
+stage_prefillprofile() {
+  log "prefill profile: op_bench at prefill sizes, then step_profile --phase prefill on $MODEL_DIR"
+  timeout "${PREFILL_OPS_TIMEOUT:-75}" "$PY" benchmarks/op_bench.py --backends flagos,vendor.cuda \
+    --ops rms_norm,fused_add_rms_norm,rotary_embedding,silu_and_mul --tokens 512,2048,4096,16384 \
+    --replays 5 --out "$OUT/prefill-ops.json" 2>&1 | tee "$OUT/prefill-ops.log" | tail -n 40
+  args "${PREFILL_ARGS:-}"
+  rm -rf /tmp/prefill-profile
+  timeout "${PREFILL_TIMEOUT:-170}" "$PY" benchmarks/step_profile.py --phase prefill \
+    --model "$MODEL_DIR" --out /tmp/prefill-profile "${ARGS[@]}" 2>&1 \
+    | tee "$OUT/prefill-profile.log" | tail -n 45
+  cp /tmp/prefill-profile/prefill-profile.json "$OUT/prefill-profile-$(sglang_version).json" 2>/dev/null
+  if [[ ${KEEP_TRACES:-0} == 1 ]]; then
+    tar -czf "$OUT/prefill-traces.tgz" -C /tmp/prefill-profile . && ls -la "$OUT/prefill-traces.tgz"
+  fi
 }
 
 stage_pack() {  # the device tool returns 8 files: everything but the summaries as results.tgz
   (cd "$OUT" && tar -czf /tmp/results.tgz --exclude=jit-cache.tgz -- * && find . -mindepth 1 \
      -not -name verify-durations.txt -not -name tree-core.txt -not -name 'doctor*.txt' \
-     -not -name profile.log -delete && mv /tmp/results.tgz . && ls -la)
+     -not -name profile.log -not -name prefill-profile.log -delete && mv /tmp/results.tgz . && ls -la)
 }
 
 sglang_version() { "$PY" -c "import importlib.metadata as m; print(m.version('sglang'))"; }
@@ -213,7 +238,7 @@ stage_verify() {
   : > "$OUT/verify-durations.txt"
   if [[ ${VERIFY_FRESH:-1} == 1 ]]; then  # time it as a fresh machine: no kernel caches
     rm -rf "$TVM_FFI_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${FLAGGEMS_CACHE_DIR:-$HOME/.flaggems}" \
-      /tmp/decode-profile /tmp/e2e-logs
+      /tmp/decode-profile /tmp/prefill-profile /tmp/e2e-logs
   fi
   timed install stage_install || return 1
   timed treecore stage_treecore > /dev/null

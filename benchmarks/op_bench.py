@@ -13,6 +13,11 @@ median over ``--repeats`` is reported with min and max. Writes JSON (``--out``) 
 markdown table.
 
     python benchmarks/op_bench.py --out benchmarks/results/h200/ops.json
+    python benchmarks/op_bench.py --backends flagos,vendor.cuda --tokens 512,2048,4096,16384 \\
+        --ops rms_norm,fused_add_rms_norm,rotary_embedding,silu_and_mul --out prefill-ops.json
+
+The second is the prefill view (gpu_session.sh prefillprofile): prefill runs eager, so its
+"eager - graph" column is the launch overhead each call pays there.
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ def gdn_shapes(value_heads: int) -> ModelShapes:
                        conv_kernel=4, source="Qwen3.6 GDN layer")
 
 
-def _cases(quick: bool):
-    tokens = (1, 32, 256, 2048, 8192) if not quick else (1, 256)
+DEFAULT_TOKENS = (1, 32, 256, 2048, 8192)
+QUICK_TOKENS = (1, 256)
+
+
+def _cases(tokens):
     for hidden in (896, 4096):
         for t in tokens:
             yield ("rms_norm", dict(tokens=t, hidden=hidden))
@@ -224,16 +232,19 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--eager-iters", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="two token counts only")
+    ap.add_argument("--tokens", help="comma-separated token counts (default: "
+                    f"{','.join(map(str, DEFAULT_TOKENS))}); e.g. 512,2048,4096,16384 for prefill")
     ap.add_argument("--ops", help="comma-separated subset of ops (default: all)")
     args = ap.parse_args(argv)
     only = set(args.ops.split(",")) if args.ops else None
+    tokens = parse_tokens(ap, args)
 
     backends, skipped = load_backends(args.backends.split(","))
     for name, why in skipped.items():
         print(f"# {name} skipped: {why}", file=sys.stderr)
     results = []
     t0 = time.time()
-    for op, params in _cases(args.quick):
+    for op, params in _cases(tokens):
         if only is not None and op not in only:
             continue
         row = {"op": op, **params, "dtype": str(DTYPE).replace("torch.", "")}
@@ -267,6 +278,10 @@ def main(argv=None):
             row[name] = {"eager_us": summarize(eager[name])}
             if name in graphs:
                 row[name]["graph_us"] = summarize(graph[name])
+                # What eager pays over the graph per call: launch and Python wrapper time not
+                # hidden behind the GPU (0 when the kernel outlasts its launch).
+                row[name]["eager_minus_graph_us"] = (row[name]["eager_us"]["median"]
+                                                     - row[name]["graph_us"]["median"])
             else:
                 row[name]["graph_error"] = graph_errors[name]
         del graphs
@@ -280,6 +295,21 @@ def main(argv=None):
         args.out.write_text(json.dumps(doc, indent=1))
     print(table(doc))
     return doc
+
+
+def parse_tokens(ap, args):
+    """The token counts to run: ``--tokens``, else the quick or the default list."""
+    if args.tokens is None:
+        return QUICK_TOKENS if args.quick else DEFAULT_TOKENS
+    if args.quick:
+        ap.error("--tokens and --quick are exclusive")
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    except ValueError:
+        tokens = ()
+    if not tokens or min(tokens) < 1:
+        ap.error(f"--tokens: {args.tokens!r} is not a list of positive integers")
+    return tokens
 
 
 def _shape(row):
@@ -300,10 +330,12 @@ def _row_text(row, backends):
 
 
 def table(doc):
-    """Markdown: median us per call under CUDA graph and eager, and flagos' speed-up."""
+    """Markdown: median us per call under CUDA graph and eager, eager minus graph (the launch
+    overhead an eager prefill pays), and flagos' speed-up."""
     names = [n for n in ("flagos", "vendor.cuda", "reference")
              if any(n in r for r in doc["results"])]
-    head = ["op", "shape"] + [f"{n} graph" for n in names] + [f"{n} eager" for n in names]
+    head = (["op", "shape"] + [f"{n} graph" for n in names] + [f"{n} eager" for n in names]
+            + [f"{n} eager-graph" for n in names])
     if "flagos" in names and "vendor.cuda" in names:
         head.append("vendor/flagos (graph)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -322,6 +354,9 @@ def table(doc):
                     m = c[mode]
                     cells.append(f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})"
                                  if mode == "graph_us" else f"{m['median']:.1f}")
+        for n in names:
+            c = r.get(n) or {}
+            cells.append(f"{c['eager_minus_graph_us']:.1f}" if "eager_minus_graph_us" in c else "-")
         if "vendor/flagos (graph)" in head:
             f, v = r.get("flagos", {}), r.get("vendor.cuda", {})
             if "graph_us" in f and "graph_us" in v:
