@@ -37,12 +37,13 @@
 #            $OUT/prefill-traces.tgz
 #   pack     everything under $OUT but the summaries into $OUT/results.tgz (call last)
 #   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
-#            fresh machine): install; treecore; doctor and the model beside the JIT warm-up
+#            fresh machine): install; treecore, doctor and the model beside the JIT warm-up
 #            (restored from $JIT_CACHE_TGZ when given, else pre-built); the default GPU suite
 #            (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke (defaults vs SGLang's
 #            own kernels where the bundle has them, else vs FlagGems for every op); then the
-#            four empty-mode servers at once (dense, MoE, the tiny and the 27B-shaped hybrids);
-#            doctor again (empty mode) beside savejit. Each step's duration and the total go to
+#            four empty-mode servers at once (dense, MoE, the tiny and the 27B-shaped hybrids)
+#            beside doctor in empty mode and savejit (H200, 2026-12-03: ~555 s with these
+#            three steps in series). Each step's duration and the total go to
 #            $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and
 #            Triton kernel caches, so a call on a warm machine is timed as a fresh one.
 #
@@ -118,18 +119,25 @@ stage_repro() {
   tail -n 40 "$OUT/rope-timing.json"
 }
 
-stage_emptymode() {
+empty_uninstall() {
   # SGLang 0.5.23's OpenAI server imports xgrammar, which needs apache-tvm-ffi: its empty mode
   # keeps that package (the bundle has no sglang-kernel); 0.5.11's runs without both.
   local drop=(sglang-kernel apache-tvm-ffi)
   ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1 || drop=(sglang-kernel)
-  log "empty mode: uninstall ${drop[*]}, then the served GPU test"
+  log "empty mode: uninstall ${drop[*]}"
   "$PY" -m pip uninstall -q -y "${drop[@]}" 2>/dev/null
+  return 0
+}
+
+empty_servers() {
   # The four servers at once (EMPTY_WORKERS, pytest-xdist): the GPU holds them all.
+  log "empty mode: the served GPU tests"
   timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
     -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" 2>&1 \
     | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
+
+stage_emptymode() { empty_uninstall && empty_servers; }
 
 stage_jit() {
   log "jit prebuild"
@@ -241,7 +249,8 @@ stage_verify() {
       /tmp/decode-profile /tmp/prefill-profile /tmp/e2e-logs
   fi
   timed install stage_install || return 1
-  timed treecore stage_treecore > /dev/null
+  (timed treecore stage_treecore > /dev/null) &
+  local treecore=$!
   (timed doctor stage_doctor > "$OUT/doctor-stage.log" 2>&1) &
   local doctor=$!
   (MODEL_PRESET=qwen2.5-0.5b timed model stage_model > "$OUT/model.log" 2>&1) &
@@ -251,7 +260,7 @@ stage_verify() {
   else
     JIT_ARGS=${JIT_ARGS:-} timed jit stage_jit
   fi
-  wait "$doctor" "$model"; cat "$OUT/doctor-stage.log"
+  wait "$doctor" "$model" "$treecore"; cat "$OUT/doctor-stage.log"
   local configs=fl-defaults,native-L1off
   "$PY" -c "import importlib.metadata as m; m.version('sglang-kernel')" 2>/dev/null \
     || configs=fl-defaults,flagos-L1off  # no SGLang kernels in this bundle (0.5.23: empty mode)
@@ -262,9 +271,11 @@ stage_verify() {
   PYTEST_ARGS="-n ${VERIFY_WORKERS:-10} --durations=25 ${PYTEST_ARGS:-}" \
     TESTS_TIMEOUT=${TESTS_TIMEOUT:-240} timed tests stage_tests
   wait "$smoke"; tail -n 25 "$OUT/smoke.log"
-  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode stage_emptymode
-  (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &  # empty mode now
-  timed savejit stage_savejit
+  empty_uninstall
+  # doctor (empty mode) and the JIT tarball beside the four empty-mode servers
+  (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
+  (timed savejit stage_savejit > /dev/null) &
+  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode empty_servers
   wait; cat "$OUT/doctor-empty-stage.log"
   echo "total $((SECONDS - t0)) s" | tee -a "$OUT/verify-durations.txt"
   # The device tool returns 8 files: the rest of the logs go back as one tarball.

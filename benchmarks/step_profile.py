@@ -109,40 +109,45 @@ def pyspy_summary(raw: Path, top: int = 25) -> dict:
 
 
 def profile_one(server, vocab, batch, seconds, out_dir: Path, tag: str, py_spy: str | None) -> dict:
+    """One decode batch size, in three generations so that no tool perturbs another's number:
+    the speed untouched, then py-spy of the scheduler, then the torch profiler's trace (the
+    trace's own export shows in py-spy and slows steps, so neither overlaps the other)."""
     ids = prompts(batch, 128, vocab, seed=batch)
     generate(server, ids, 8)  # warm: this batch size's graph and kernels
     new_tokens = 4096 if batch == 1 else 1024
     result: dict = {}
 
-    def run():
-        t0 = time.perf_counter()
+    def decode():
         t_one = generate(server, ids, 1)[0]
         dt, _ = generate(server, ids, new_tokens, timeout=600)
-        result["decode_tok_s"] = batch * (new_tokens - 1) / max(dt - t_one, 1e-9)
-        result["decode_seconds"] = round(dt, 2)
-        del t0
+        return dt, batch * (new_tokens - 1) / max(dt - t_one, 1e-9)
 
-    worker = threading.Thread(target=run)
-    worker.start()
-    time.sleep(1.5)  # into the decode phase
-    trace_dir = out_dir / f"trace-{tag}"
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        server.post_json("/start_profile", {"output_dir": str(trace_dir), "num_steps": 40,
-                                            "activities": ["CPU", "GPU"]}, timeout=60)
-        time.sleep(2.0)
-    except Exception as exc:  # noqa: BLE001 - reported; py-spy still runs
-        result["profile_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    dt, result["decode_tok_s"] = decode()
+    result["decode_seconds"] = round(dt, 2)
+
     pid = scheduler_pid(server.process.pid)
     if py_spy and pid:
         raw = out_dir / f"pyspy-{tag}.txt"
+        worker = _background(decode)
+        time.sleep(1.0)  # into the decode phase
         run_spy = subprocess.run([py_spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "400",
                                   "--format", "raw", "-o", str(raw), "--nonblocking"],
                                  capture_output=True, text=True, timeout=seconds + 60)
+        worker.join(timeout=600)
         result["pyspy"] = (pyspy_summary(raw) if raw.is_file()
                            else {"error": (run_spy.stderr or run_spy.stdout)[-500:]})
     else:
         result["pyspy"] = {"error": "py-spy not installed" if not py_spy else "no scheduler process"}
+
+    trace_dir = out_dir / f"trace-{tag}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    worker = _background(decode)
+    time.sleep(1.0)
+    try:
+        server.post_json("/start_profile", {"output_dir": str(trace_dir), "num_steps": 40,
+                                            "activities": ["CPU", "GPU"]}, timeout=60)
+    except Exception as exc:  # noqa: BLE001 - reported with the other numbers
+        result["profile_error"] = f"{type(exc).__name__}: {exc}"[:300]
     worker.join(timeout=600)
     for _ in range(20):  # the trace is written when the profiled steps end
         step = trace_steps(trace_dir)
@@ -151,6 +156,12 @@ def profile_one(server, vocab, batch, seconds, out_dir: Path, tag: str, py_spy: 
         time.sleep(1)
     result["trace"] = step
     return result
+
+
+def _background(fn):
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    return worker
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:

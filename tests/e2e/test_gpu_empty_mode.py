@@ -16,6 +16,9 @@ a quarter of the memory, and the HF references give theirs back before the serve
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from e2e_support import (
     MAX_NEW_TOKENS,
@@ -106,9 +109,17 @@ GDN_ENTRIES = ("TritonGDNKernel.extend", "gdn_backend.fused_gdn_gating",
                "gdn_backend.causal_conv1d_fn", "gdn_backend.causal_conv1d_update")
 
 
-def _check_gdn_routed(lines):
+def _check_gdn_routed(lines, name):
     """Every GDN entry point reached the dispatch (0.5.23's default extra-buffer mamba cache
-    included: its prefix snapshots come from the routed extend), none was left to SGLang."""
+    included: its prefix snapshots come from the routed extend), none was left to SGLang, and
+    none fell to the PyTorch reference (a 100x slower path on a GPU). The routes are kept under
+    $OUT/dispatch-routes/ so that a passing run shows them too."""
+    if os.environ.get("OUT"):
+        keep = Path(os.environ["OUT"]) / "dispatch-routes" / f"{name}.txt"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    reference = [line for line in lines if "→ reference" in line]
+    assert not reference, f"GDN calls on the PyTorch reference: {reference}"
     entries = {line.split()[1] for line in lines}
     missing = [e for e in GDN_ENTRIES if e not in entries]
     assert not missing, f"GDN entry points that never reached the dispatch: {missing}\n{lines}"
@@ -137,7 +148,7 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
     lines = dispatch_lines(tmp_path)
     print("served:", got, "\nhf:", hf, "\ndispatch:", lines)
     assert standin_calls_in(log) == []
-    _check_gdn_routed(lines)
+    _check_gdn_routed(lines, "tiny-hybrid")
     parted = near_tie_divergences(model, prompts, [g[:8] for g in got], [h[:8] for h in hf],
                                   device="cuda")
     assert all(margin < 5e-2 for _, _, margin in parted), parted
@@ -160,4 +171,4 @@ def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
     print("served:", got, "\ndispatch:", lines)
     assert standin_calls_in(log) == []
     assert all(len(ids) == MAX_NEW_TOKENS for ids in got), got
-    _check_gdn_routed(lines)
+    _check_gdn_routed(lines, "27b-shaped-hybrid")

@@ -74,3 +74,47 @@ def test_prefill_table_lists_cases_top_kernels_and_the_verdict(tmp_path):
     text = "\n".join(lines)
     assert "no GPU kernels in the trace" in text
     assert "rms_norm_kernel" in text and "flagos-L1off: GPU idle 88%" in text
+
+
+def test_decode_speed_py_spy_and_trace_never_overlap(tmp_path, monkeypatch):
+    """The speed is taken with no tool attached, py-spy samples a generation without the torch
+    profiler, and the profiler runs last: the trace's export must not show in py-spy's shares
+    nor slow the measured steps (seen on the H200, 2026-12-03: half the samples were gzip)."""
+    events, state = [], {"profiling": False, "spying": False}
+
+    def generate(server, ids, new_tokens, timeout=300.0):
+        events.append(("generate", new_tokens, state["profiling"], state["spying"]))
+        return 0.5, [[0] * new_tokens]
+
+    class Server:
+        process = type("P", (), {"pid": 1})()
+
+        def post_json(self, path, body, timeout):
+            state["profiling"] = path == "/start_profile"
+            events.append((path,))
+
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!/bin/sh\nwhile [ \"$1\" != -o ]; do shift; done\n"
+                   "echo 'main (a.py:1);loop (a.py:2) 3' > \"$2\"\n")
+    spy.chmod(0o755)
+    real_run = step_profile.subprocess.run
+
+    def run(cmd, **kw):
+        state["spying"] = True
+        try:
+            return real_run(cmd, **kw)
+        finally:
+            state["spying"] = False
+
+    monkeypatch.setattr(step_profile, "generate", generate)
+    monkeypatch.setattr(step_profile, "scheduler_pid", lambda pid: 2)
+    monkeypatch.setattr(step_profile.subprocess, "run", run)
+    monkeypatch.setattr(step_profile.time, "sleep", lambda s: None)
+    monkeypatch.setattr(step_profile, "trace_steps", lambda d: {"wall_us_per_step": 1.0})
+    got = step_profile.profile_one(Server(), 32000, 1, 1, tmp_path, "x", str(spy))
+    assert got["pyspy"]["samples"] == 3 and got["trace"] == {"wall_us_per_step": 1.0}
+    timed = [e for e in events if e[0] == "generate" and e[1] == 4096]
+    assert len(timed) == 3
+    assert timed[0][2:] == (False, False), "the speed was measured with a tool attached"
+    assert not any(e[0] == "generate" and e[2] and e[3] for e in events), "py-spy saw the profiler"
+    assert events.index(("/start_profile",)) > events.index(timed[1])
