@@ -129,7 +129,7 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3.5", preset="qwen3.5")
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(t)["input_ids"] for t in PROMPT_TEXTS]
-    hf = hf_greedy_ids(model, prompts, image_text=True)
+    hf = hf_greedy_ids(model, prompts)
     with serve(model, tmp_path, args=(*SERVER_ARGS, *shared_gpu_args(hybrid=True)),
                USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, prompts)
