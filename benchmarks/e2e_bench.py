@@ -597,7 +597,9 @@ def main(argv=None):
     try:  # every server has stopped: the GPU is free for HF's fp32 copy
         if not doc["greedy"]["servers"]:
             raise RuntimeError("no server answered")
-        device = "cuda" if gpu_memory() is not None else "cpu"
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = served_dtype(SERVER_ARGS, read_config(args.model))
         witness = witness_for(dtype, device)
         cache = args.hf_reference or keep_dir / "hf-reference.json"

@@ -179,22 +179,35 @@ def prompt_key(prompt) -> str:
     return ",".join(str(int(t)) for t in prompt)
 
 
-def weights_fingerprint(model_path) -> list:
-    """(name, size, mtime) of the checkpoint's weight files: a rebuilt checkpoint at the same
-    path does not reuse the reference of the old one."""
-    files = sorted(Path(model_path).glob("*.safetensors")) or sorted(Path(model_path).glob("*.bin"))
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+def checkpoint_identity(model_path) -> dict:
+    """What the cached reference of a checkpoint is valid for: its weight files' names and
+    sizes, and a sglang-fl tiny model's manifest (its weights are seeded: the same manifest on
+    another machine is the same model, so a reference carried from an earlier GPU session is
+    reused), else the files' mtimes; and the torch and transformers that compute it."""
+    import importlib.metadata as md
+
+    from sglang_fl.models.tiny import MANIFEST
+
+    path = Path(model_path)
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    manifest = path / MANIFEST
+    ident = {"files": [[f.name, f.stat().st_size] for f in files]}
+    if manifest.exists():
+        ident["tiny_model"] = json.loads(manifest.read_text(encoding="utf-8"))
+    else:
+        ident["mtimes"] = [f.stat().st_mtime_ns for f in files]
+    return {**ident, **{p: md.version(p) for p in ("torch", "transformers")}}
 
 
 def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
                         device: str = "cpu", witness: str | None = "bfloat16") -> list[dict]:
     """`hf_reference` of ``prompts`` (aligned with them), through the JSON file ``cache``:
-    entries of the same checkpoint and witness with at least ``new_tokens`` steps are reused
+    entries of the same checkpoint (`checkpoint_identity`) and witness with at least
+    ``new_tokens`` steps are reused
     (cut to ``new_tokens``); only the other prompts are computed, then the file is rewritten.
     The entries say ``"cached": True`` when they came from the file."""
     cache = Path(cache)
-    header = {"model": str(Path(model_path).resolve()), "weights": weights_fingerprint(model_path),
-              "witness": witness, "near_tie_sigmas": NEAR_TIE_SIGMAS, "top_k": TOP_K}
+    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K}
     doc = {}
     if cache.exists():
         with contextlib.suppress(OSError, ValueError):

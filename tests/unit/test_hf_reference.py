@@ -131,3 +131,23 @@ def test_another_checkpoint_or_witness_does_not_reuse_the_cache(tmp_path, checkp
     assert len(fake.calls) == 3
     cache.write_text("not json")
     assert not hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 2, witness="tf32")[0]["cached"]
+
+
+def test_a_tiny_model_made_again_elsewhere_reuses_the_carried_reference(tmp_path, monkeypatch):
+    """A tiny model is seeded: the same manifest and weight sizes are the same weights, so the
+    reference brought back from one GPU session serves the next (whose checkpoint is new)."""
+    from sglang_fl.models.tiny import MANIFEST
+
+    fake = FakeHF()
+    monkeypatch.setattr(hr, "hf_reference", fake)
+    cache = tmp_path / "hf-reference.json"
+    for name in ("session1", "session2"):
+        model = tmp_path / name / "m"
+        model.mkdir(parents=True)
+        (model / "model.safetensors").write_bytes(b"w" * 10)
+        (model / MANIFEST).write_text('{"format_version": 1, "spec": {"seed": 0}}')
+        hr.cached_hf_reference(cache, model, [[10, 1]], 2)
+    assert len(fake.calls) == 1
+    (model / MANIFEST).write_text('{"format_version": 1, "spec": {"seed": 1}}')
+    hr.cached_hf_reference(cache, model, [[10, 1]], 2)
+    assert len(fake.calls) == 2
