@@ -35,7 +35,8 @@
 #            (sglang_fl/models/hf_reference.py) -> $OUT/shapes-<preset>.json/.log and the HF
 #            reference $OUT/hf-reference-<preset>.json (carry it back as SHAPES_REFERENCE_DIR
 #            and a later session skips HF: it is keyed by prompt and the seeded model).
-#            SHAPES_ARGS adds e2e_bench arguments (default "--repeats 2 --new-tokens 32").
+#            SHAPES_ARGS adds e2e_bench arguments (default "--repeats 2 --new-tokens 32");
+#            SHAPES_TIMEOUT (default 360 s) caps each preset's e2e_bench.
 #            With 2+ GPUs the presets run side by side, one per GPU; on one GPU one after
 #            another (one preset fits one 540 s call: SHAPES_PRESETS=qwen3.6-27b). Fails when
 #            any verdict is DEFECT or a check could not be made. Step durations go to
@@ -231,7 +232,7 @@ stage_shapes() {
     fi
     read -ra args <<< "${SHAPES_ARGS:---repeats 2 --new-tokens 32}"
     [[ -n ${2:-} ]] && dev=(env "CUDA_VISIBLE_DEVICES=$2")
-    timed "e2e-$p" "${dev[@]}" timeout "${SHAPES_TIMEOUT:-480}" "$PY" benchmarks/e2e_bench.py \
+    timed "e2e-$p" "${dev[@]}" timeout "${SHAPES_TIMEOUT:-360}" "$PY" benchmarks/e2e_bench.py \
       --model "/tmp/shapes-$p" --configs "$configs" --out "$OUT/shapes-$p.json" \
       --log-dir "$logs/$p" --hf-reference "$ref" "${args[@]}" > "$OUT/shapes-$p.log" 2>&1
   }
