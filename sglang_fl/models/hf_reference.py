@@ -7,18 +7,22 @@ rounding moves the logits is measured, not guessed: the same HF model is run onc
 served precision (the *witness*: bf16 / fp16 weights and activations, or fp32 with TF32 GEMMs)
 on HF's own fp32 sequence, and at each step the spread of ``witness logits - fp32 logits`` over
 the vocabulary is taken (``noise``, the centred standard deviation: a shift common to every
-logit moves no argmax). That measures what the depth of this model, its norms, its MoE routing
-(a bf16 router that picks another expert near a tie) and the size of its logits make of
-rounding, at this very step. A served token wins over HF's when ``margin`` (HF's logit of its
-own token minus that of the served one) is below the two logits' noise, whose deviation is
-``sqrt(2) * noise`` for independent errors; `NEAR_TIE_SIGMAS` of it is the bound:
+logit moves no argmax). That is what the depth of this model, its norms, the size of its logits
+and its MoE routing (a bf16 router picks another expert near a tie) make of rounding, at this
+very step. A router flip is discrete and the served run's flips fall on other tokens than the
+witness' own, but a step's logits depend on every routing decision of the prefix, so the spread
+over the vocabulary measures their typical effect.
+
+A served token wins over HF's when ``margin`` (HF's logit of its own token minus that of the
+served one) is below the two logits' noise, whose deviation is ``sqrt(2) * noise`` for
+independent errors; `NEAR_TIE_SIGMAS` of it is the bound:
 
     near-tie  <=>  served token in HF's top `TOP_K` and margin <= NEAR_TIE_SIGMAS * sqrt(2) * noise
 
-Four deviations: a Gaussian error that large comes once in ~30 000 draws, while the served
-kernels' rounding differs from the witness' (another reduction order, fused kernels that keep
-fp32 longer or shorter) by a factor of order one, not four. A fp32 server with no TF32 (the CPU)
-has no witness: its bound is 0, and any parting is a defect.
+Four deviations: a Gaussian error that large in the served token's favour comes once in ~30 000
+draws, while the served kernels' rounding differs from the witness' (another reduction order,
+fused kernels that keep fp32 longer or shorter) by a factor of order one, not four. A fp32
+server with no TF32 (the CPU) has no witness: its bound is 0, and any parting is a defect.
 
 The reference for a prompt is computed once (HF's greedy ids, the top `TOP_K` logits and the
 noise of every step) and can be cached as JSON keyed by prompt (`cached_hf_reference`), so
@@ -146,22 +150,20 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
         raise ValueError(f"witness={witness!r}; accepted: {', '.join(WITNESSES)} or None")
     if witness == "tf32" and not str(device).startswith("cuda"):
         raise ValueError("the tf32 witness needs a CUDA device")
-    def witness_logits(model):  # teacher-forced on HF's fp32 sequences
-        return [_step_logits(model, p, ids, device) for p, (ids, _) in zip(prompts, runs, strict=True)]
-
     seen = None
     model = load_hf_model(model_path, "float32", device)
     with torch.no_grad():
         with _matmul_precision(tf32=False):
             runs = [_generate(model, p, new_tokens, device, logits=True) for p in prompts]
+        sequences = [(p, ids) for p, (ids, _) in zip(prompts, runs, strict=True)]
         if witness == "tf32":
             with _matmul_precision(tf32=True):
-                seen = witness_logits(model)
+                seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
         del model
         free_device_memory(device)
         if witness in ("bfloat16", "float16"):
             model = load_hf_model(model_path, witness, device)
-            seen = witness_logits(model)
+            seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
             del model
             free_device_memory(device)
     out = []
