@@ -415,6 +415,7 @@ def test_greedy_check_judges_each_prompt_and_fails_the_run_on_a_defect(tmp_path,
             "--repeats", "0", "--greedy-prompts", "3", "--greedy-tokens", "5"]
     doc = e2e_bench.main([*argv, "--configs", "native-L1off,fl-defaults"])
 
+    assert doc["results"] == {} and [g["reps"] for g in doc["groups"]] == [[]]  # greedy only
     greedy = json.loads(out.read_text())["greedy"]
     assert greedy["verdicts"] == doc["greedy"]["verdicts"]
     # fp32 checkpoint, SGLang's dtype auto: served in fp16, so an fp16 HF is the witness.
