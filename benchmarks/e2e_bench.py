@@ -33,9 +33,18 @@ A configuration named ``NAME+mtp`` is ``NAME`` served with MTP speculative decod
 (``MTP_ARGS``, SGLang's NEXTN: the checkpoint's own MTP layer drafts); the run then also gives
 its paired ratio to ``NAME`` (kept in the same group), the accept length SGLang reports (decode
 at batch 1), and whether its greedy ids equal ``NAME``'s token for token. GPU runs here swing
-10-25 % between runs: use 60+ repeats before reading a verdict. The run also checks greedy ids
-of every configuration against HF transformers on the same weights, and keeps the
-``[OOT-DISPATCH]`` lines each server wrote. A server that fails (to start, or later) is reported
+10-25 % between runs: use 60+ repeats before reading a verdict. The run keeps the
+``[OOT-DISPATCH]`` lines each server wrote.
+
+Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged against HF
+transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
+and prompt, equal, or where they first part HF's top-1/top-2 gap, its margin over the served
+token, the near-tie bound from the rounding noise measured there, and the verdict (near-tie or
+DEFECT). HF runs after every server has stopped (a large checkpoint's fp32 copy needs the GPU
+to itself), once per prompt: its reference is cached as JSON (``--hf-reference``) and reused
+by every configuration and by later runs on the same checkpoint. The exit status is 1 when any
+verdict is DEFECT or the check could not be made. ``--repeats 0`` serves the greedy check
+alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``.
 
@@ -61,6 +70,15 @@ import e2e_plan  # noqa: E402
 from paired_stats import summarize_pairs  # noqa: E402
 
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
+from sglang_fl.models.hf_reference import (  # noqa: E402
+    DEFECT,
+    NEAR_TIE_SIGMAS,
+    TOP_K,
+    cached_hf_reference,
+    judge,
+    served_dtype,
+    witness_for,
+)
 
 ANCHOR = "native-L1off"  # the anchor when it runs (else the first configuration)
 METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
@@ -226,31 +244,30 @@ def measure(server, vocab, seed, new_tokens):
     return res
 
 
-def hf_greedy(model_path, ids, new_tokens):
-    """Greedy continuation by HF transformers on the same weights (checkpoint dtype)."""
-    import torch
-    import transformers
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    # Qwen3.5/3.6 checkpoints are image-text models (weights under model.language_model).
-    config = read_config(model_path)
-    auto = (transformers.AutoModelForImageTextToText if "vision_config" in config
-            else transformers.AutoModelForCausalLM)
-    model = auto.from_pretrained(model_path).to(device).eval()
-    outs = []
-    with torch.no_grad():
-        for seq in ids:
-            x = torch.tensor([seq], device=device)
-            y = model.generate(x, max_new_tokens=new_tokens, do_sample=False,
-                               attention_mask=torch.ones_like(x), pad_token_id=0)
-            outs.append(y[0, len(seq):].tolist())
-    del model
-    return outs
+def greedy_verdicts(served, reference):
+    """{configuration: one `judge` per prompt (with its index), or {"error": why}} for the greedy
+    ids each server gave, against HF's reference (`sglang_fl.models.hf_reference`)."""
+    out = {}
+    for name, ids in served.items():
+        if not isinstance(ids, list):
+            out[name] = {"error": str(ids)}
+            continue
+        out[name] = [{"prompt": i, **judge(got, ref)}
+                     for i, (got, ref) in enumerate(zip(ids, reference, strict=True))]
+    return out
 
 
-def greedy_match(got, expected):
-    """Fraction of prompts whose whole greedy continuation equals HF's."""
-    return sum(list(a) == list(b) for a, b in zip(got, expected, strict=True)) / len(expected)
+def exit_status(doc):
+    """1 when the greedy check found a defect or could not be made for every configuration (no
+    HF reference, a server without greedy ids), else 0: a GPU stage sees it in the exit code."""
+    greedy = doc.get("greedy", {})
+    verdicts = greedy.get("verdicts")
+    if not verdicts or "hf_error" in greedy:
+        return 1
+    for rows in verdicts.values():
+        if isinstance(rows, dict) or any(r["verdict"] == DEFECT for r in rows):
+            return 1
+    return 0
 
 
 def gpu_memory():
@@ -308,7 +325,8 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
     in ``repeats`` interleaved repeats in rotating order, then asked for their greedy ids;
     the group's servers stop before the next group starts, except the anchor's, which serves
     every group. Repeat numbers run on across groups, so a configuration pairs with the anchor
-    only over the repeats of its own group. ``end_time`` (``clock`` seconds) is shared: each
+    only over the repeats of its own group; ``repeats`` 0 measures nothing (no warm-up
+    either), for the greedy ids alone. ``end_time`` (``clock`` seconds) is shared: each
     group gets an equal part of what is left when it begins. A failure is handed to
     ``on_failure(name, stage, exc)`` at once, which returns the message kept; that server is
     not measured again."""
@@ -333,7 +351,7 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
                         continue
                     start_seconds[name] = round(getattr(servers[name], "start_seconds", 0.0), 1)
                     fresh.append(name)
-                for name in fresh:  # warm-up: first requests compile/allocate
+                for name in fresh if repeats else ():  # warm-up: first requests compile/allocate
                     try:
                         measure_one(servers[name], "warm-up", 8)
                     except Exception as exc:  # noqa: BLE001
@@ -477,6 +495,12 @@ def main(argv=None):
                          "its weights + KV pool over the GPU memory free when it starts)")
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--greedy-tokens", type=int, default=8)
+    ap.add_argument("--greedy-prompts", type=int, default=4, help="random prompts of 32 tokens "
+                    "whose greedy ids are checked against HF transformers")
+    ap.add_argument("--hf-reference", type=Path, default=None,
+                    help="JSON cache of HF's fp32 reference (ids, top logits, rounding noise per "
+                         "step), keyed by prompt and reused while the checkpoint is unchanged "
+                         "(default: hf-reference.json beside --out, else in --log-dir)")
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
                     "for a CPU smoke run")
     args = ap.parse_args(argv)
@@ -535,7 +559,7 @@ def main(argv=None):
             failed_logs[name] = str(kept)
         return message
 
-    greedy_prompts = prompts(4, 32, vocab, 7)
+    greedy_prompts = prompts(args.greedy_prompts, 32, vocab, 7)
 
     def greedy(server):
         _, outs = generate(server, greedy_prompts, args.greedy_tokens)
@@ -570,15 +594,29 @@ def main(argv=None):
             p = args.log_dir / f"dispatch-{i}.log"
             lines = sorted(set(p.read_text().splitlines())) if p.exists() else []
             doc["dispatch_log"][name] = lines
-    try:
+    try:  # every server has stopped: the GPU is free for HF's fp32 copy
         if not doc["greedy"]["servers"]:
             raise RuntimeError("no server answered")
-        hf = hf_greedy(args.model, greedy_prompts, args.greedy_tokens)
-        doc["greedy"]["hf_transformers"] = hf
-        doc["greedy"]["match"] = {n: greedy_match(g, hf) if isinstance(g, list) else None
-                                  for n, g in doc["greedy"]["servers"].items()}
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = served_dtype(SERVER_ARGS, read_config(args.model))
+        witness = witness_for(dtype, device)
+        cache = args.hf_reference or keep_dir / "hf-reference.json"
+        reference = cached_hf_reference(cache, args.model, greedy_prompts, args.greedy_tokens,
+                                        device=device, witness=witness)
+        doc["greedy"]["hf_transformers"] = [r["ids"] for r in reference]
+        doc["greedy"]["hf_reference"] = {
+            "cache": str(cache), "device": device, "served_dtype": dtype, "witness": witness,
+            "near_tie_sigmas": NEAR_TIE_SIGMAS,
+            "reused_prompts": sum(r["cached"] for r in reference)}
+        verdicts = greedy_verdicts(doc["greedy"]["servers"], reference)
+        doc["greedy"]["verdicts"] = verdicts
+        doc["greedy"]["match"] = {n: None if isinstance(v, dict) else
+                                  sum(r["equal"] for r in v) / len(v) for n, v in verdicts.items()}
     except Exception as exc:  # noqa: BLE001
         doc["greedy"]["hf_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"# greedy check against HF failed: {doc['greedy']['hf_error']}", flush=True)
     doc["seconds"] = round(time.time() - t0, 1)
     doc["versions"] = _versions()
     if args.out:
@@ -617,7 +655,7 @@ def table(doc):
             f"paired vs {doc.get('anchor', ANCHOR)}: bs1 / bs32 / prefill, median [95% CI]",
             "greedy = HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    match = doc.get("greedy", {}).get("match", {})
+    verdicts = doc.get("greedy", {}).get("verdicts", {})
     grouped = len(doc.get("groups") or ()) > 1
     for name, r in doc["results"].items():
         groups = sorted(set(r[METRICS[0]].get("groups") or ()))
@@ -626,8 +664,7 @@ def table(doc):
             m = r[k]
             cells.append(f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})")
         cells.append(_ratios(doc.get("paired", {}).get(name, {})))
-        mm = match.get(name)
-        cells.append("-" if mm is None else f"{mm:.0%}")
+        cells.append(_greedy_summary(verdicts.get(name)))
         lines.append("| " + " | ".join(cells) + " |")
     for name, err in doc.get("start_errors", {}).items():
         lines.append(f"| {name} | failed: {err.splitlines()[-1][:120] if err else ''} |||||")
@@ -641,9 +678,48 @@ def table(doc):
             lines.append(f"| {name} | {_ratios(paired)} | "
                          + (f"{acc['median']:.2f} ({acc['min']:.2f}-{acc['max']:.2f})" if acc else "-")
                          + " | " + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
+    return "\n".join(lines + ["", greedy_table(doc)])
+
+
+def _greedy_summary(rows):
+    """``equal/prompts`` and the partings by verdict, for one configuration's row."""
+    if rows is None or isinstance(rows, dict):
+        return "-"
+    parted = [r["verdict"] for r in rows if not r["equal"]]
+    kinds = ", ".join(f"{parted.count(v)} {v}" for v in dict.fromkeys(parted))
+    return f"{len(rows) - len(parted)}/{len(rows)}" + (f" ({kinds})" if kinds else "")
+
+
+def greedy_table(doc):
+    """Per configuration and prompt: equal to HF, else where it parts, HF's top-1/top-2 gap and
+    margin over the served token there, the near-tie bound and the verdict."""
+    greedy = doc.get("greedy", {})
+    if "hf_error" in greedy:
+        return f"greedy ids vs HF transformers: not checked ({greedy['hf_error'][:300]})"
+    ref = greedy.get("hf_reference", {})
+    head = (f"greedy ids vs HF transformers fp32 ({ref.get('witness') or 'no'} rounding witness, "
+            f"bound {ref.get('near_tie_sigmas')} sigma)\n\n| configuration | prompt | = HF | parts at "
+            "step | HF / served token | HF gap top-1/top-2 | HF margin over served | bound | verdict |"
+            "\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+
+    def num(x):
+        return "-" if x is None else f"{x:.4g}"
+
+    for name, rows in greedy.get("verdicts", {}).items():
+        if isinstance(rows, dict):
+            lines.append(f"| {name} | - | no ids: {rows['error'].splitlines()[-1][:100] if rows['error'] else ''} ||||||")
+            continue
+        for r in rows:
+            margin = (num(r["margin"]) if r["margin_at_least"] is None
+                      else f"> {num(r['margin_at_least'])} (beyond HF's top {TOP_K})")
+            lines.append(f"| {name} | {r['prompt']} | {'yes' if r['equal'] else 'no'} | "
+                         f"{'-' if r['step'] is None else r['step']} | "
+                         + ("-" if r["equal"] else f"{r['hf_token']} / {r['served_token']}")
+                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    sys.exit(exit_status(main()))

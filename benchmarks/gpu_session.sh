@@ -35,6 +35,20 @@
 #            idle-gap time, and the launch-bound/kernel-bound verdict -> $OUT/prefill-profile.log,
 #            $OUT/prefill-profile-<sglang version>.json; KEEP_TRACES=1 adds the traces as
 #            $OUT/prefill-traces.tgz
+#   shapes   greedy correctness of Qwen3.6's real shapes (issue 29): for each preset of
+#            SHAPES_PRESETS (default "qwen3.6-27b qwen3.6-35b-a3b"; 8 of their layers, random bf16
+#            weights; all made at once, on the CPU), benchmarks/e2e_bench.py serves SHAPES_CONFIGS
+#            (default native-L1off,fl-defaults,flagos-L1off) and judges each one's greedy ids
+#            against HF transformers fp32 on the GPU, prompt by prompt: equal, near-tie or DEFECT
+#            (sglang_fl/models/hf_reference.py) -> $OUT/shapes-<preset>.json/.log and the HF
+#            reference $OUT/hf-reference-<preset>.json (carry it back as SHAPES_REFERENCE_DIR
+#            and a later session skips HF: it is keyed by prompt and the seeded model).
+#            SHAPES_ARGS adds e2e_bench arguments (default "--repeats 2 --new-tokens 32");
+#            SHAPES_TIMEOUT (default 360 s) caps each preset's e2e_bench.
+#            With 2+ GPUs the presets run side by side, one per GPU; on one GPU one after
+#            another (one preset fits one 540 s call: SHAPES_PRESETS=qwen3.6-27b). Fails when
+#            any verdict is DEFECT or a check could not be made. Step durations go to
+#            $OUT/shapes-durations.txt, logs to $OUT/shapes-logs.tgz.
 #   pack     everything under $OUT but the summaries into $OUT/results.tgz (call last)
 #   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
 #            fresh machine): install; treecore, doctor and the model beside the JIT warm-up
@@ -193,11 +207,11 @@ stage_doctor() {  # stage_doctor [TAG]: sglang-fl doctor on this install -> doct
   [[ $rc -lt 2 ]]
 }
 
-timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to verify-durations.txt
+timed() {  # timed NAME CMD...: run, append "NAME seconds rc" to $DURATIONS
   local name=$1 t0=$SECONDS rc=0
   shift
   "$@" || rc=$?
-  echo "$name $((SECONDS - t0)) s rc=$rc" | tee -a "$OUT/verify-durations.txt"
+  echo "$name $((SECONDS - t0)) s rc=$rc" | tee -a "${DURATIONS:-$OUT/verify-durations.txt}"
   return $rc
 }
 
@@ -228,6 +242,50 @@ stage_prefillprofile() {
   if [[ ${KEEP_TRACES:-0} == 1 ]]; then
     tar -czf "$OUT/prefill-traces.tgz" -C /tmp/prefill-profile . && ls -la "$OUT/prefill-traces.tgz"
   fi
+}
+
+stage_shapes() {
+  local presets configs p i=0 rc=0 gpus pid pids=() logs=${SHAPES_LOGS:-/tmp/shapes-logs} t0=$SECONDS
+  read -ra presets <<< "${SHAPES_PRESETS:-qwen3.6-27b qwen3.6-35b-a3b}"
+  configs=${SHAPES_CONFIGS:-native-L1off,fl-defaults,flagos-L1off}
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  export DURATIONS=$OUT/shapes-durations.txt
+  rm -rf "$logs" && mkdir -p "$logs"
+  log "shapes: ${presets[*]} on $gpus GPU(s); the checkpoints are made at once (CPU)"
+  for p in "${presets[@]}"; do  # each leaves its exit code in model-PRESET.rc
+    (rc=0; MODEL_PRESET=$p MODEL_DIR=/tmp/shapes-$p MODEL_ARGS='' timed "model-$p" stage_model \
+       > "$logs/model-$p.log" 2>&1 || rc=$?; echo $rc > "$logs/model-$p.rc") &
+  done
+  shapes_one() {  # shapes_one PRESET [GPU]: once its checkpoint is made, serve and judge it
+    local p=$1 ref=$OUT/hf-reference-$1.json args dev=()
+    until [[ -f $logs/model-$p.rc ]]; do sleep 2; done
+    [[ $(cat "$logs/model-$p.rc") == 0 ]] || { tail -n 20 "$logs/model-$p.log"; return 1; }
+    if [[ -n ${SHAPES_REFERENCE_DIR:-} && -f $SHAPES_REFERENCE_DIR/hf-reference-$p.json ]]; then
+      cp "$SHAPES_REFERENCE_DIR/hf-reference-$p.json" "$ref"  # HF's reference of an earlier session
+    fi
+    read -ra args <<< "${SHAPES_ARGS:---repeats 2 --new-tokens 32}"
+    [[ -n ${2:-} ]] && dev=(env "CUDA_VISIBLE_DEVICES=$2")
+    timed "e2e-$p" "${dev[@]}" timeout "${SHAPES_TIMEOUT:-360}" "$PY" benchmarks/e2e_bench.py \
+      --model "/tmp/shapes-$p" --configs "$configs" --out "$OUT/shapes-$p.json" \
+      --log-dir "$logs/$p" --hf-reference "$ref" "${args[@]}" > "$OUT/shapes-$p.log" 2>&1
+  }
+  for p in "${presets[@]}"; do
+    if (( gpus >= 2 )); then  # one preset per GPU, side by side
+      shapes_one "$p" "$((i % gpus))" & pids+=($!)
+      i=$((i + 1))
+    else
+      shapes_one "$p" || rc=1
+    fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  wait  # the checkpoints still being made, if a run stopped early
+  for p in "${presets[@]}"; do
+    log "shapes $p:"; tail -n 25 "$OUT/shapes-$p.log" 2>/dev/null
+  done
+  echo "total $((SECONDS - t0)) s rc=$rc" | tee -a "$DURATIONS"
+  tar -czf "$OUT/shapes-logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")" 2>/dev/null
+  unset DURATIONS
+  return $rc
 }
 
 stage_pack() {  # the device tool returns 8 files: everything but the summaries as results.tgz

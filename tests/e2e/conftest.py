@@ -178,4 +178,4 @@ def hybrid_prompt_ids(hybrid_model) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def hybrid_hf_ids(hybrid_model, hybrid_prompt_ids) -> list[list[int]]:
-    return hf_greedy_ids(hybrid_model, hybrid_prompt_ids, image_text=True)
+    return hf_greedy_ids(hybrid_model, hybrid_prompt_ids)

@@ -122,39 +122,13 @@ def greedy_ids(server, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list
     return [item["output_ids"] for item in body]
 
 
-def hf_greedy_ids(model_path, prompt_ids, image_text: bool = False,
-                  device: str = "cpu") -> list[list[int]]:
+def hf_greedy_ids(model_path, prompt_ids, device: str = "cpu") -> list[list[int]]:
     """Greedy continuations from HF transformers (float32), no EOS stop: the ground truth.
-    ``image_text``: the checkpoint is an image-text model (Qwen3.5), prompted with text only.
     On a GPU the model's memory is given back before this returns: servers started next (or
     beside, under pytest-xdist) size their pools from the free memory."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from sglang_fl.models.hf_reference import hf_greedy_ids as greedy
 
-    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
-    model = auto.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            x = torch.tensor([ids], device=device)
-            gen = model.generate(x, attention_mask=torch.ones_like(x),
-                                 max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            out.append(gen[0, len(ids):].tolist())
-    del model
-    _free_device_memory(device)
-    return out
-
-
-def _free_device_memory(device: str) -> None:
-    """Hand the caching allocator's blocks back to the driver (a no-op on CPU)."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    return greedy(model_path, prompt_ids, MAX_NEW_TOKENS, device)
 
 
 def dispatch_lines(tmp_path: Path) -> list[str]:
@@ -175,32 +149,3 @@ def installed(dist: str) -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
-
-
-def near_tie_divergences(model_path, prompt_ids, got, want, device="cpu") -> list[tuple]:
-    """Where served greedy ids part from HF's, HF's logit margin between its own token and the
-    served one at the first differing step: ``[(prompt index, step, margin)]``.
-
-    Greedy equality is only meaningful away from near-ties: a kernel that rounds differently
-    (TF32 GEMMs, another reduction order) may pick the runner-up where the two top logits are
-    within its rounding. A caller asserts each margin is below what that rounding can explain.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = None
-    out = []
-    for i, (ids, g, w) in enumerate(zip(prompt_ids, got, want, strict=True)):
-        step = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
-        if step is None:
-            continue
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-        x = torch.tensor([list(ids) + list(w[:step])], device=device)
-        with torch.no_grad():
-            logits = model(x).logits[0, -1].float()
-        out.append((i, step, float(logits[w[step]] - logits[g[step]])))
-    if model is not None:
-        del model
-        _free_device_memory(device)
-    return out

@@ -27,7 +27,7 @@ def test_chunked_prefill_of_a_long_prompt_equals_hf(tmp_path):
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(t)["input_ids"] for t in (*PROMPT_TEXTS, LONG_PROMPT)]
     assert len(prompts[-1]) > 8 * 16  # more than eight chunks
-    expected = hf_greedy_ids(model, prompts, image_text=True)
+    expected = hf_greedy_ids(model, prompts)
     with serve(model, tmp_path, timeout=400,
                args=(*SERVER_ARGS, "--chunked-prefill-size", "16")) as srv:
         together = greedy_ids(srv, prompts)

@@ -43,7 +43,7 @@ def hybrid(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3.5", preset="qwen3.5")
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(t)["input_ids"] for t in PROMPT_TEXTS]
-    return model, prompts, hf_greedy_ids(model, prompts, image_text=True)
+    return model, prompts, hf_greedy_ids(model, prompts)
 
 
 def test_a_vendor_gdn_op_serves_and_a_declared_limit_hands_calls_on(hybrid, tmp_path):

@@ -1,26 +1,51 @@
-"""The near-tie rule the GPU end-to-end tests use when kernels round differently from HF: it must
-report nothing for equal ids and, where ids part, HF's real logit margin at that step."""
+"""HF's reference that every served greedy check is judged against (sglang_fl/models/
+hf_reference.py), on a real tiny checkpoint: its ids are HF's greedy ids, its per-step logits
+are HF's own at that prefix, the witness measures a rounding noise that only a lower precision
+has, and a served runner-up is judged by HF's real margin."""
 
 from __future__ import annotations
 
 import pytest
-from e2e_support import near_tie_divergences
+
+from sglang_fl.models import hf_reference as hr
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 
 
-def test_margin_is_hf_top1_minus_the_served_token(tiny_model, prompt_ids, hf_ids):
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module")
+def reference(tiny_model, prompt_ids):
+    return hr.hf_reference(tiny_model, prompt_ids, 6, witness="bfloat16")
 
-    assert near_tie_divergences(tiny_model, prompt_ids, hf_ids, hf_ids) == []
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    ids, want, step = prompt_ids[0], hf_ids[0], 2
+
+def test_reference_holds_hfs_greedy_ids_and_its_logits_at_each_step(tiny_model, prompt_ids,
+                                                                      hf_ids, reference):
+    assert [r["ids"] for r in reference] == [ids[:6] for ids in hf_ids]
+    model = hr.load_hf_model(tiny_model)
+    ids, ref, step = prompt_ids[0], reference[0], 2
     with torch.no_grad():
-        logits = model(torch.tensor([list(ids) + want[:step]])).logits[0, -1]
-    runner_up = int(logits.topk(2).indices[1])
-    got = [want[:step] + [runner_up] + want[step + 1:]] + hf_ids[1:]
-    [(prompt, at, margin)] = near_tie_divergences(tiny_model, prompt_ids, got, hf_ids)
-    assert (prompt, at) == (0, step)
-    assert margin == pytest.approx(float(logits[want[step]] - logits[runner_up]), abs=1e-5)
-    assert margin > 0
+        logits = model(torch.tensor([list(ids) + ref["ids"][:step]])).logits[0, -1]
+    top = logits.topk(hr.TOP_K)
+    at = ref["steps"][step]
+    assert at["top_ids"] == top.indices.tolist() and at["top_ids"][0] == ref["ids"][step]
+    assert at["top_logits"] == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_the_witness_measures_rounding_noise_only_a_lower_precision_has(tiny_model, prompt_ids,
+                                                                          reference):
+    noise = [s["noise"] for r in reference for s in r["steps"]]
+    # bf16 moves the logits, far less than they spread (bf16 keeps ~3 significant digits).
+    spread = min(torch.tensor(s["top_logits"]).std().item() for r in reference for s in r["steps"])
+    assert all(0 < n < spread for n in noise), (noise, spread)
+    exact = hr.hf_reference(tiny_model, prompt_ids[:1], 3, witness=None)
+    assert [s["noise"] for s in exact[0]["steps"]] == [0.0] * 3
+
+
+def test_a_served_runner_up_is_judged_by_hfs_margin(reference):
+    ref, step = reference[0], 2
+    at = ref["steps"][step]
+    got = ref["ids"][:step] + [at["top_ids"][1]] + ref["ids"][step + 1:]
+    v = hr.judge(got, ref)
+    assert (v["step"], v["served_token"]) == (step, at["top_ids"][1])
+    assert v["margin"] == pytest.approx(at["top_logits"][0] - at["top_logits"][1]) == v["gap"]
+    assert v["bound"] == pytest.approx(hr.near_tie_bound(at["noise"])) and v["bound"] > 0

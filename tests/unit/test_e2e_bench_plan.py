@@ -374,3 +374,88 @@ def test_main_plans_groups_and_records_each_servers_flags(tmp_path, monkeypatch,
     assert set(doc["greedy"]["servers"]) == {"native-L1off", "fl-defaults"}
     assert "hf_transformers" in doc["greedy"]
     assert json.loads(out.read_text())["servers"] == doc["servers"]
+
+
+# -- greedy ids against HF: verdicts, table, exit status, one reference for every run ------------
+
+class HFAnsweringServer:
+    """Answers the greedy request with HF's own ids (``honest``) or with token 0 throughout."""
+
+    def __init__(self, model, honest):
+        self.model, self.honest = model, honest
+
+    def post_json(self, path, payload, timeout=0):
+        from sglang_fl.models.hf_reference import hf_greedy_ids
+
+        n = payload["sampling_params"]["max_new_tokens"]
+        ids = payload["input_ids"]
+        outs = hf_greedy_ids(self.model, ids, n) if self.honest else [[0] * n for _ in ids]
+        return [{"output_ids": o, "meta_info": {}} for o in outs]
+
+
+def test_greedy_check_judges_each_prompt_and_fails_the_run_on_a_defect(tmp_path, monkeypatch,
+                                                                         capsys):
+    """main() with --repeats 0 (greedy only): a configuration that gives HF's ids is equal on
+    every prompt, one that gives token 0 is a DEFECT at step 0 (exit status 1); a second run
+    judges against the cached HF reference without loading HF again."""
+    pytest.importorskip("transformers")
+    import sglang_fl.serving
+    from sglang_fl.models import hf_reference, make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m")
+
+    @contextlib.contextmanager
+    def launched_server(model_path, flags, env, log_path, timeout):
+        yield HFAnsweringServer(model_path, honest="SGLANG_FL_OOT_BLACKLIST" in env)
+
+    monkeypatch.setattr(sglang_fl.serving, "launched_server", launched_server)
+    monkeypatch.setattr(e2e_bench, "SERVER_ARGS", list(e2e_bench.SERVER_ARGS))
+    out = tmp_path / "out" / "e2e.json"
+    argv = ["--model", str(model), "--out", str(out), "--log-dir", str(tmp_path / "logs"),
+            "--repeats", "0", "--greedy-prompts", "3", "--greedy-tokens", "5"]
+    doc = e2e_bench.main([*argv, "--configs", "native-L1off,fl-defaults"])
+
+    assert doc["results"] == {} and [g["reps"] for g in doc["groups"]] == [[]]  # greedy only
+    greedy = json.loads(out.read_text())["greedy"]
+    assert greedy["verdicts"] == doc["greedy"]["verdicts"]
+    # fp32 checkpoint, SGLang's dtype auto: served in fp16, so an fp16 HF is the witness.
+    assert greedy["hf_reference"]["served_dtype"] == "float16"
+    assert greedy["hf_reference"]["witness"] == "float16"
+    assert greedy["hf_reference"]["reused_prompts"] == 0
+    honest, zeros = greedy["verdicts"]["native-L1off"], greedy["verdicts"]["fl-defaults"]
+    assert [r["prompt"] for r in honest] == [0, 1, 2]
+    assert all(r["equal"] and r["verdict"] == "equal" and r["step"] is None for r in honest)
+    for r in zeros:
+        assert (r["equal"], r["step"], r["served_token"], r["verdict"]) == (False, 0, 0, "DEFECT")
+        assert r["gap"] > 0 and r["noise"] > 0 and r["bound"] == pytest.approx(
+            hf_reference.near_tie_bound(r["noise"]))
+        assert r["margin"] is None and r["margin_at_least"] > 0  # token 0: not in HF's top 8
+    assert greedy["match"] == {"native-L1off": 1.0, "fl-defaults": 0.0}
+    assert e2e_bench.exit_status(doc) == 1
+    console = capsys.readouterr().out
+    assert "| native-L1off | 1 | yes | - | - | - | - | - | equal |" in console
+    assert f"| fl-defaults | 2 | no | 0 | {greedy['hf_transformers'][2][0]} / 0 |" in console
+    assert console.count("| DEFECT |") == 3
+
+    def no_hf(*args, **kwargs):
+        raise AssertionError("HF loaded again: the cached reference was not reused")
+
+    monkeypatch.setattr(hf_reference, "hf_reference", no_hf)
+    doc = e2e_bench.main([*argv, "--configs", "native-L1off"])
+    assert doc["greedy"]["hf_reference"]["reused_prompts"] == 3
+    assert e2e_bench.exit_status(doc) == 0
+
+
+def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
+    equal = {"prompt": 0, "equal": True, "verdict": "equal"}
+    near = {"prompt": 0, "equal": False, "verdict": "near-tie"}
+    assert e2e_bench.exit_status({"greedy": {"verdicts": {"a": [equal], "b": [near]}}}) == 0
+    assert e2e_bench.exit_status({"greedy": {"verdicts": {"a": [equal], "b": {"error": "x"}}}}) == 1
+    assert e2e_bench.exit_status({"greedy": {"hf_error": "OutOfMemoryError: ..."}}) == 1
+    assert e2e_bench.exit_status({"greedy": {}}) == 1
+    ref = [{"ids": [1, 2], "steps": [{"top_ids": [1], "top_logits": [1.0], "noise": 0.0}] * 2}]
+    verdicts = e2e_bench.greedy_verdicts({"a": [[1, 2]], "b": "ServerStartError: exited"}, ref)
+    assert verdicts["a"][0]["verdict"] == "equal"
+    assert verdicts["b"] == {"error": "ServerStartError: exited"}
+    table = e2e_bench.greedy_table({"greedy": {"verdicts": verdicts, "hf_reference": {}}})
+    assert "| b | - | no ids: ServerStartError: exited |" in table

@@ -1,0 +1,262 @@
+"""HF transformers in float32 as the ground truth for served greedy ids, and the near-tie rule
+that says whether a served sequence parting from it is rounding or a defect.
+
+A server in bf16 (or fp32 with TF32 GEMMs) may pick HF's runner-up wherever HF's own top logits
+are closer than its rounding can move them; anywhere else a parting is a defect. How far
+rounding moves the logits is measured, not guessed: the same HF model is run once more in the
+served precision (the *witness*: bf16 / fp16 weights and activations, or fp32 with TF32 GEMMs)
+on HF's own fp32 sequence, and at each step the spread of ``witness logits - fp32 logits`` over
+the vocabulary is taken (``noise``, the centred standard deviation: a shift common to every
+logit moves no argmax). That is what the depth of this model, its norms, the size of its logits
+and its MoE routing (a bf16 router picks another expert near a tie) make of rounding, at this
+very step. A router flip is discrete and the served run's flips fall on other tokens than the
+witness' own, but a step's logits depend on every routing decision of the prefix, so the spread
+over the vocabulary measures their typical effect.
+
+A served token wins over HF's when ``margin`` (HF's logit of its own token minus that of the
+served one) is below the two logits' noise, whose deviation is ``sqrt(2) * noise`` for
+independent errors; `NEAR_TIE_SIGMAS` of it is the bound:
+
+    near-tie  <=>  served token in HF's top `TOP_K` and margin <= NEAR_TIE_SIGMAS * sqrt(2) * noise
+
+Four deviations: a Gaussian error that large in the served token's favour comes once in ~30 000
+draws, while the served kernels' rounding differs from the witness' (another reduction order,
+fused kernels that keep fp32 longer or shorter) by a factor of order one, not four. A fp32
+server with no TF32 (the CPU) has no witness: its bound is 0, and any parting is a defect.
+
+The reference for a prompt is computed once (HF's greedy ids, the top `TOP_K` logits and the
+noise of every step) and can be cached as JSON keyed by prompt (`cached_hf_reference`), so
+every configuration is judged against the same numbers and a large model's fp32 copy is
+loaded once, after the servers that shared its GPU are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+
+from sglang_fl.models.config import read_config, text_settings
+
+#: Standard deviations of the measured rounding noise within which a parting is a near-tie.
+NEAR_TIE_SIGMAS = 4.0
+#: HF logits kept per step: a served token beyond them is far from any tie.
+TOP_K = 8
+#: Witness precisions: the served dtype's (bf16/fp16 weights and activations), or fp32 with
+#: TF32 GEMMs (CUDA only), or None (a fp32 server without TF32: bound 0).
+WITNESSES = ("bfloat16", "float16", "tf32")
+#: Verdicts of `judge`.
+EQUAL, NEAR_TIE, DEFECT = "equal", "near-tie", "DEFECT"
+
+
+def served_dtype(server_args, config: dict) -> str:
+    """The dtype SGLang serves ``config``'s checkpoint in under ``server_args``: ``--dtype``
+    when given, else the checkpoint's, float32 taken down to float16 (SGLang's ``auto``)."""
+    args = list(server_args)
+    asked = args[args.index("--dtype") + 1] if "--dtype" in args[:-1] else "auto"
+    if asked != "auto":
+        return {"half": "float16", "float": "float32"}.get(asked, asked)
+    text = text_settings(config)
+    dtype = str(text.get("dtype") or text.get("torch_dtype") or "float32")
+    return "float16" if dtype == "float32" else dtype
+
+
+def witness_for(dtype: str, device: str) -> str | None:
+    """The witness of a server computing in ``dtype`` on ``device``: fp32 is TF32 on CUDA
+    (Triton's default for fp32 dots, which FlagGems' kernels use), exact on the CPU."""
+    if dtype in ("bfloat16", "float16"):
+        return dtype
+    return "tf32" if str(device).startswith("cuda") else None
+
+
+def load_hf_model(model_path, dtype: str = "float32", device: str = "cpu"):
+    """HF transformers' model of the checkpoint, in ``dtype``, on ``device``, for inference.
+    Qwen3.5/3.6 checkpoints are image-text models (prompted with text only)."""
+    import torch
+    import transformers
+
+    auto = (transformers.AutoModelForImageTextToText if "vision_config" in read_config(model_path)
+            else transformers.AutoModelForCausalLM)
+    return auto.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device).eval()
+
+
+@contextlib.contextmanager
+def _matmul_precision(tf32: bool):
+    """fp32 GEMMs in full fp32 (HF's reference) or in TF32 (the witness), restored after."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def free_device_memory(device: str) -> None:
+    """Hand the caching allocator's blocks back to the driver (a no-op on CPU): a server
+    started next sizes its pools from the free memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _generate(model, prompt, new_tokens, device, logits=False):
+    """HF's greedy continuation (no EOS stop) and, with ``logits``, its raw logits per step."""
+    import torch
+
+    x = torch.tensor([list(prompt)], device=device)
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                         pad_token_id=0, output_logits=logits, return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    return (ids, torch.stack(out.logits)[:, 0].float().cpu()) if logits else ids
+
+
+def _step_logits(model, prompt, ids, device):
+    """Teacher-forced logits of every generated step: row j predicts ``ids[j]``."""
+    import torch
+
+    seq = torch.tensor([list(prompt) + list(ids[:-1])], device=device)
+    return model(input_ids=seq).logits[0, len(prompt) - 1:].float().cpu()
+
+
+def hf_greedy_ids(model_path, prompts, new_tokens: int, device: str = "cpu") -> list[list[int]]:
+    """HF's greedy continuations (float32, full-fp32 GEMMs, no EOS stop)."""
+    import torch
+
+    model = load_hf_model(model_path, "float32", device)
+    with torch.no_grad(), _matmul_precision(tf32=False):
+        ids = [_generate(model, p, new_tokens, device) for p in prompts]
+    del model
+    free_device_memory(device)
+    return ids
+
+
+def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
+                 witness: str | None = "bfloat16") -> list[dict]:
+    """Per prompt, HF's float32 greedy ids and, per step, its top `TOP_K` ids and logits and
+    the rounding noise the ``witness`` precision measures there (module docstring; 0.0 without
+    a witness). The fp32 model and a bf16/fp16 witness model are on ``device`` one after the
+    other, never together."""
+    import torch
+
+    if witness is not None and witness not in WITNESSES:
+        raise ValueError(f"witness={witness!r}; accepted: {', '.join(WITNESSES)} or None")
+    if witness == "tf32" and not str(device).startswith("cuda"):
+        raise ValueError("the tf32 witness needs a CUDA device")
+    seen = None
+    model = load_hf_model(model_path, "float32", device)
+    with torch.no_grad():
+        with _matmul_precision(tf32=False):
+            runs = [_generate(model, p, new_tokens, device, logits=True) for p in prompts]
+        sequences = [(p, ids) for p, (ids, _) in zip(prompts, runs, strict=True)]
+        if witness == "tf32":
+            with _matmul_precision(tf32=True):
+                seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
+        del model
+        free_device_memory(device)
+        if witness in ("bfloat16", "float16"):
+            model = load_hf_model(model_path, witness, device)
+            seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
+            del model
+            free_device_memory(device)
+    out = []
+    for i, (ids, logits) in enumerate(runs):
+        top = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1)
+        # Centred: a shift of every logit alike moves no argmax.
+        noise = (seen[i] - logits).std(dim=-1).tolist() if seen else [0.0] * len(ids)
+        out.append({"ids": ids, "steps": [
+            {"top_ids": top.indices[j].tolist(), "top_logits": top.values[j].tolist(),
+             "noise": noise[j]} for j in range(len(ids))]})
+    return out
+
+
+def prompt_key(prompt) -> str:
+    return ",".join(str(int(t)) for t in prompt)
+
+
+def checkpoint_identity(model_path) -> dict:
+    """What the cached reference of a checkpoint is valid for: its weight files' names and
+    sizes, and a sglang-fl tiny model's manifest (its weights are seeded: the same manifest on
+    another machine is the same model, so a reference carried from an earlier GPU session is
+    reused), else the files' mtimes; and the torch and transformers that compute it."""
+    import importlib.metadata as md
+
+    from sglang_fl.models.tiny import MANIFEST
+
+    path = Path(model_path)
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    manifest = path / MANIFEST
+    ident = {"files": [[f.name, f.stat().st_size] for f in files]}
+    if manifest.exists():
+        ident["tiny_model"] = json.loads(manifest.read_text(encoding="utf-8"))
+    else:
+        ident["mtimes"] = [f.stat().st_mtime_ns for f in files]
+    return {**ident, **{p: md.version(p) for p in ("torch", "transformers")}}
+
+
+def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
+                        device: str = "cpu", witness: str | None = "bfloat16") -> list[dict]:
+    """`hf_reference` of ``prompts`` (aligned with them), through the JSON file ``cache``:
+    entries of the same checkpoint (`checkpoint_identity`) and witness with at least
+    ``new_tokens`` steps are reused
+    (cut to ``new_tokens``); only the other prompts are computed, then the file is rewritten.
+    The entries say ``"cached": True`` when they came from the file."""
+    cache = Path(cache)
+    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K}
+    doc = {}
+    if cache.exists():
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(cache.read_text(encoding="utf-8"))
+    entries = doc.get("prompts", {}) if {k: doc.get(k) for k in header} == header else {}
+    usable = {k: e for k, e in entries.items() if len(e.get("ids", ())) >= new_tokens}
+    missing = [p for p in dict.fromkeys(map(tuple, prompts)) if prompt_key(p) not in usable]
+    if missing:
+        fresh = hf_reference(model_path, missing, new_tokens, device=device, witness=witness)
+        entries = {**entries, **{prompt_key(p): e for p, e in zip(missing, fresh, strict=True)}}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({**header, "prompts": entries}), encoding="utf-8")
+    new = {prompt_key(p) for p in missing}
+    out = []
+    for p in prompts:
+        e = entries[prompt_key(p)]
+        out.append({"ids": e["ids"][:new_tokens], "steps": e["steps"][:new_tokens],
+                    "cached": prompt_key(p) not in new})
+    return out
+
+
+def near_tie_bound(noise: float) -> float:
+    """The largest HF margin a served token may win by through rounding (module docstring)."""
+    return NEAR_TIE_SIGMAS * math.sqrt(2.0) * noise
+
+
+def judge(got, reference: dict) -> dict:
+    """Served greedy ids ``got`` against one prompt's `hf_reference` entry: whether they are
+    equal over the steps both have, else the first parting step, HF's top-1/top-2 gap and its
+    margin over the served token there (or, for a served token beyond HF's top `TOP_K`, the
+    least it can be: ``margin_at_least``), the bound and the verdict."""
+    want = reference["ids"]
+    step = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    out = {"equal": step is None, "step": step, "hf_token": None, "served_token": None,
+           "gap": None, "margin": None, "margin_at_least": None, "noise": None, "bound": None,
+           "verdict": EQUAL}
+    if step is None:
+        return out
+    at = reference["steps"][step]
+    logit = dict(zip(at["top_ids"], at["top_logits"], strict=True))
+    best = logit[want[step]]
+    others = [v for t, v in logit.items() if t != want[step]]
+    bound = near_tie_bound(at["noise"])
+    margin = best - logit[got[step]] if got[step] in logit else None
+    out.update(hf_token=want[step], served_token=got[step],
+               gap=best - max(others) if others else None, margin=margin,
+               margin_at_least=None if margin is not None else best - min(at["top_logits"]),
+               noise=at["noise"], bound=bound,
+               verdict=NEAR_TIE if margin is not None and margin <= bound else DEFECT)
+    return out

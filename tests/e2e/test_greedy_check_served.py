@@ -1,0 +1,46 @@
+"""benchmarks/e2e_bench.py's greedy check end to end on CPU, as the GPU ``shapes`` stage runs it
+on Qwen3.6's shapes: a tiny Qwen3.5-MoE hybrid (Gated DeltaNet, gated attention, routed and
+shared experts) served by a real SGLang server, its greedy ids judged against HF transformers'
+fp32 reference prompt by prompt. Served in fp32 on CPU there is no rounding witness: every
+prompt must equal HF, and the run's exit status is 0."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.e2e
+
+from sglang_fl.sglang_glue.adapters import get_adapter  # noqa: E402
+
+if get_adapter().CPU_HYBRID_MISSING_OPS:
+    pytest.skip("this SGLang version's Qwen3.5 module needs sgl_kernel CPU ops that empty mode "
+                "does not provide", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import e2e_bench  # noqa: E402
+
+
+def test_served_moe_hybrid_equals_hf_through_the_benchmarks_greedy_check(tmp_path, monkeypatch):
+    from sglang_fl.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny-qwen3.5-moe", preset="qwen3.5-moe")
+    monkeypatch.setattr(e2e_bench, "SERVER_ARGS", list(e2e_bench.SERVER_ARGS))
+    out = tmp_path / "out" / "e2e.json"
+    doc = e2e_bench.main(["--model", str(model), "--out", str(out), "--log-dir", str(tmp_path / "logs"),
+                          "--configs", "fl-defaults", "--repeats", "0", "--server-args", "--dtype float32",
+                          "--greedy-prompts", "3", "--greedy-tokens", "8"])
+    greedy = json.loads(out.read_text())["greedy"]
+    print(json.dumps(greedy["verdicts"], indent=1))
+    assert doc["start_errors"] == {}
+    assert greedy["hf_reference"]["served_dtype"] == "float32"
+    assert greedy["hf_reference"]["witness"] is None and greedy["hf_reference"]["device"] == "cpu"
+    rows = greedy["verdicts"]["fl-defaults"]
+    assert [r["verdict"] for r in rows] == ["equal"] * 3, rows
+    assert greedy["servers"]["fl-defaults"] == greedy["hf_transformers"]
+    assert all(len(ids) == 8 for ids in greedy["hf_transformers"])
+    assert e2e_bench.exit_status(doc) == 0

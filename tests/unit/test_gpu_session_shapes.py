@@ -1,0 +1,71 @@
+"""benchmarks/gpu_session.sh's ``shapes`` stage, with stand-ins for what needs the H200 (the
+``nvidia-smi`` that counts GPUs, the python that makes checkpoints and runs e2e_bench): each
+preset's checkpoint is made, then judged with its own HF reference file; with two GPUs the
+presets run side by side, one per GPU; a run that finds a DEFECT (exit 1) fails the stage."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAKE_PY = """#!/usr/bin/env bash
+# make-tiny-model DIR --preset P, or benchmarks/e2e_bench.py --model DIR ... (exit 1 on "35b")
+echo "$* gpu=${CUDA_VISIBLE_DEVICES-unset}" >> "$CALLS"
+[[ $1 == -m ]] && exit 0
+[[ $* == *35b* ]] && { echo "| fl-defaults | 0 | no | 3 | 1 / 2 | 2.0 | 2.0 | 0.1 | DEFECT |"; exit 1; }
+echo "| fl-defaults | 0 | yes | - | - | - | - | - | equal |"
+"""
+
+
+def run_stage(tmp_path, gpus, **env):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("nvidia-smi", "#!/usr/bin/env bash\n" + "".join(
+            f"echo 'GPU {i}: NVIDIA H200 (UUID: x)'\n" for i in range(gpus))), ("py", FAKE_PY)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    out = tmp_path / "out"
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PY": str(bin_dir / "py"),
+            "OUT": str(out), "CALLS": str(tmp_path / "calls"), "SHAPES_LOGS": str(tmp_path / "logs"),
+            **env}
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "shapes"], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    return proc.stdout + proc.stderr, calls, out
+
+
+def test_one_gpu_runs_the_presets_one_after_another_and_a_defect_fails_the_stage(tmp_path):
+    text, calls, out = run_stage(tmp_path, 1)
+    makes = [c for c in calls if c.startswith("-m sglang_fl.cli make-tiny-model")]
+    assert sorted(c.split()[5] for c in makes) == ["qwen3.6-27b", "qwen3.6-35b-a3b"]
+    runs = [c for c in calls if c.startswith("benchmarks/e2e_bench.py")]
+    assert [r.split()[2] for r in runs] == ["/tmp/shapes-qwen3.6-27b", "/tmp/shapes-qwen3.6-35b-a3b"]
+    for r, p in zip(runs, ("qwen3.6-27b", "qwen3.6-35b-a3b"), strict=True):
+        assert "--configs native-L1off,fl-defaults,flagos-L1off" in r
+        assert f"--hf-reference {out}/hf-reference-{p}.json --repeats 2 --new-tokens 32" in r
+        assert r.endswith("gpu=unset")  # one GPU: left as it is
+    assert "stage shapes FAILED" in text and "| DEFECT |" in text
+    durations = (out / "shapes-durations.txt").read_text()
+    assert "e2e-qwen3.6-27b" in durations and "e2e-qwen3.6-35b-a3b" in durations
+    assert (out / "shapes-logs.tgz").exists()
+
+
+def test_two_gpus_take_one_preset_each_and_a_carried_reference_is_used(tmp_path):
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    (carried / "hf-reference-qwen3.6-27b.json").write_text("{}")
+    text, calls, out = run_stage(tmp_path, 2, SHAPES_REFERENCE_DIR=str(carried))
+    runs = sorted(c for c in calls if c.startswith("benchmarks/e2e_bench.py"))
+    assert [(r.split()[2], r.rsplit("=", 1)[1]) for r in runs] == [
+        ("/tmp/shapes-qwen3.6-27b", "0"), ("/tmp/shapes-qwen3.6-35b-a3b", "1")]
+    assert (out / "hf-reference-qwen3.6-27b.json").read_text() == "{}"
+    assert not (out / "hf-reference-qwen3.6-35b-a3b.json").exists()
+    assert "stage shapes FAILED" in text  # the DEFECT of the run beside it still fails the stage
+
+    (tmp_path / "one").mkdir()
+    text, _, _ = run_stage(tmp_path / "one", 2, SHAPES_PRESETS="qwen3.6-27b")
+    assert "stage shapes FAILED" not in text and "total" in text

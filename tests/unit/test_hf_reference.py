@@ -1,0 +1,153 @@
+"""The near-tie rule (sglang_fl/models/hf_reference.py) on made-up references: equal ids, a
+parting within the measured rounding noise, one beyond it, a served token HF ranks nowhere near
+the top; which precision witnesses which server; and the JSON cache that lets every
+configuration (and a later run) reuse one HF reference instead of loading the model again."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglang_fl.models import hf_reference as hr
+
+
+def entry(ids, steps):
+    """A reference entry: ``steps`` are (top ids, top logits, noise) per step."""
+    return {"ids": ids, "steps": [{"top_ids": t, "top_logits": v, "noise": n} for t, v, n in steps]}
+
+
+REF = entry([5, 6, 7], [
+    ([5, 9, 1], [3.0, 2.0, 1.0], 0.1),
+    ([6, 8, 2], [4.0, 3.9, 1.0], 0.1),     # a near-tie: margin 0.1 <= 4 * sqrt(2) * 0.1
+    ([7, 3, 4], [5.0, 4.0, 3.5], 0.1),     # 1.0 > 0.566: no tie
+])
+
+
+def test_bound_is_four_deviations_of_the_difference_of_two_noisy_logits():
+    assert hr.NEAR_TIE_SIGMAS == 4.0
+    assert hr.near_tie_bound(0.1) == pytest.approx(4 * math.sqrt(2) * 0.1)
+
+
+def test_equal_ids_need_no_tie():
+    v = hr.judge([5, 6, 7], REF)
+    assert v["equal"] and v["verdict"] == hr.EQUAL and v["step"] is None and v["bound"] is None
+
+
+def test_the_runner_up_within_the_noise_is_a_near_tie():
+    v = hr.judge([5, 8, 0], REF)  # parts at step 1 with HF's runner-up; later steps not judged
+    assert (v["equal"], v["step"], v["hf_token"], v["served_token"]) == (False, 1, 6, 8)
+    assert v["gap"] == pytest.approx(0.1) and v["margin"] == pytest.approx(0.1)
+    assert v["bound"] == pytest.approx(hr.near_tie_bound(0.1)) and v["noise"] == 0.1
+    assert v["verdict"] == hr.NEAR_TIE
+
+
+def test_a_token_behind_by_more_than_the_noise_is_a_defect():
+    v = hr.judge([5, 6, 4], REF)  # HF's third choice at step 2: 1.5 behind
+    assert v["step"] == 2 and v["gap"] == pytest.approx(1.0) and v["margin"] == pytest.approx(1.5)
+    assert v["verdict"] == hr.DEFECT
+
+
+def test_a_token_beyond_hfs_top_k_is_a_defect_with_the_least_margin_it_can_have():
+    v = hr.judge([42], REF)
+    assert v["margin"] is None and v["margin_at_least"] == pytest.approx(2.0)
+    assert v["verdict"] == hr.DEFECT
+
+
+def test_without_a_witness_every_parting_is_a_defect():
+    exact = entry([1, 2], [([1, 2], [1.0, 1.0 - 1e-6], 0.0), ([2, 1], [1.0, 0.5], 0.0)])
+    assert hr.judge([2], exact)["verdict"] == hr.DEFECT
+    assert hr.judge([1, 2], exact)["verdict"] == hr.EQUAL
+
+
+def test_each_server_precision_has_its_witness():
+    bf16 = {"text_config": {"dtype": "bfloat16"}, "vision_config": {}}
+    fp32 = {"torch_dtype": "float32"}
+    assert hr.served_dtype(["--attention-backend", "triton"], bf16) == "bfloat16"
+    assert hr.served_dtype([], fp32) == "float16"  # SGLang's auto takes fp32 down to fp16
+    assert hr.served_dtype(["--dtype", "float32"], bf16) == "float32"
+    assert hr.served_dtype(["--dtype", "half"], fp32) == "float16"
+    assert hr.witness_for("bfloat16", "cuda") == "bfloat16"
+    assert hr.witness_for("float32", "cuda") == "tf32"  # FlagGems' fp32 dots are TF32
+    assert hr.witness_for("float32", "cpu") is None
+    with pytest.raises(ValueError, match="tf32 witness needs a CUDA device"):
+        hr.hf_reference("/nonexistent", [[1]], 1, device="cpu", witness="tf32")
+    with pytest.raises(ValueError, match="accepted: bfloat16, float16, tf32"):
+        hr.hf_reference("/nonexistent", [[1]], 1, witness="int8")
+
+
+class FakeHF:
+    """Stands in for HF transformers (`hf_reference`): records which prompts it was asked for
+    and gives each prompt ids of its own."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model_path, prompts, new_tokens, *, device, witness):
+        self.calls.append(([list(p) for p in prompts], new_tokens, witness))
+        return [entry([p[0] + j for j in range(new_tokens)],
+                      [([p[0] + j], [1.0], 0.01) for j in range(new_tokens)]) for p in prompts]
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"w" * 10)
+    return tmp_path / "model"
+
+
+def test_the_cache_computes_each_prompt_once_and_reuses_it(tmp_path, checkpoint, monkeypatch):
+    fake = FakeHF()
+    monkeypatch.setattr(hr, "hf_reference", fake)
+    cache = tmp_path / "out" / "hf-reference.json"
+    first = hr.cached_hf_reference(cache, checkpoint, [[10, 1], [20, 2]], 4, witness="bfloat16")
+    assert fake.calls == [([[10, 1], [20, 2]], 4, "bfloat16")]
+    assert [e["ids"] for e in first] == [[10, 11, 12, 13], [20, 21, 22, 23]]
+    assert not any(e["cached"] for e in first)
+
+    # Every configuration (and a later run) is judged against the same numbers, HF not loaded.
+    again = hr.cached_hf_reference(cache, checkpoint, [[20, 2], [10, 1]], 3, witness="bfloat16")
+    assert len(fake.calls) == 1 and all(e["cached"] for e in again)
+    assert [e["ids"] for e in again] == [[20, 21, 22], [10, 11, 12]]  # cut to the steps asked
+    assert len(again[0]["steps"]) == 3
+
+    # Only what the file lacks is computed: a new prompt, or longer continuations.
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1], [30, 3]], 4, witness="bfloat16")
+    assert fake.calls[-1] == ([[30, 3]], 4, "bfloat16")
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 6, witness="bfloat16")
+    assert fake.calls[-1] == ([[10, 1]], 6, "bfloat16")
+    assert len(fake.calls) == 3
+
+
+def test_another_checkpoint_or_witness_does_not_reuse_the_cache(tmp_path, checkpoint, monkeypatch):
+    fake = FakeHF()
+    monkeypatch.setattr(hr, "hf_reference", fake)
+    cache = tmp_path / "hf-reference.json"
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 2, witness="bfloat16")
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 2, witness="tf32")
+    assert len(fake.calls) == 2
+    (checkpoint / "model.safetensors").write_bytes(b"w" * 11)  # rebuilt at the same path
+    assert not hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 2, witness="tf32")[0]["cached"]
+    assert len(fake.calls) == 3
+    cache.write_text("not json")
+    assert not hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 2, witness="tf32")[0]["cached"]
+
+
+def test_a_tiny_model_made_again_elsewhere_reuses_the_carried_reference(tmp_path, monkeypatch):
+    """A tiny model is seeded: the same manifest and weight sizes are the same weights, so the
+    reference brought back from one GPU session serves the next (whose checkpoint is new)."""
+    from sglang_fl.models.tiny import MANIFEST
+
+    fake = FakeHF()
+    monkeypatch.setattr(hr, "hf_reference", fake)
+    cache = tmp_path / "hf-reference.json"
+    for name in ("session1", "session2"):
+        model = tmp_path / name / "m"
+        model.mkdir(parents=True)
+        (model / "model.safetensors").write_bytes(b"w" * 10)
+        (model / MANIFEST).write_text('{"format_version": 1, "spec": {"seed": 0}}')
+        hr.cached_hf_reference(cache, model, [[10, 1]], 2)
+    assert len(fake.calls) == 1
+    (model / MANIFEST).write_text('{"format_version": 1, "spec": {"seed": 1}}')
+    hr.cached_hf_reference(cache, model, [[10, 1]], 2)
+    assert len(fake.calls) == 2
