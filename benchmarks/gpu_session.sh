@@ -226,6 +226,7 @@ stage_profile() {
     --model "$MODEL_DIR" --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" \
     | tail -n 30
   cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
+  mkdir -p "$OUT/pyspy-$(sglang_version)" && cp /tmp/decode-profile/pyspy-*.txt "$OUT/pyspy-$(sglang_version)/" 2>/dev/null
 }
 
 stage_prefillprofile() {

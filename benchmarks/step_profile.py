@@ -91,7 +91,7 @@ def trace_steps(trace_dir: Path) -> dict:
             "host_wait_us_per_step": (wall - busy) / steps}
 
 
-def pyspy_summary(raw: Path, top: int = 25) -> dict:
+def pyspy_summary(raw: Path, top: int = 60) -> dict:
     """Inclusive and leaf shares of samples per function from ``py-spy record --format raw``."""
     inclusive, leaf, total = collections.Counter(), collections.Counter(), 0
     for line in raw.read_text().splitlines():
