@@ -18,7 +18,8 @@
 #            tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own kernels uninstalled)
 #   ops      benchmarks/op_bench.py -> $OUT/ops.json
 #   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in
-#            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1)
+#            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1
+#            --mtp-fit-steps 300; the fit's agreement -> $OUT/sglang_fl_mtp_fit.json)
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
 #   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
@@ -147,6 +148,10 @@ stage_model() {
   log "model -> $MODEL_DIR"
   args "${MODEL_ARGS:-}"
   "$PY" -m sglang_fl.cli make-tiny-model "$MODEL_DIR" --preset "${MODEL_PRESET:-qwen2.5-0.5b}" "${ARGS[@]}"
+  # --mtp-fit-steps N: what the MTP fit achieved (draft agreement on held-out continuations)
+  [ -f "$MODEL_DIR/sglang_fl_mtp_fit.json" ] && cp "$MODEL_DIR/sglang_fl_mtp_fit.json" "$OUT/" \
+    && cat "$MODEL_DIR/sglang_fl_mtp_fit.json"
+  return 0
 }
 
 stage_e2e() {

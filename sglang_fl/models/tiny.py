@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: Bump when the on-disk layout or the generation procedure changes, so cached dirs rebuild.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "sglang_fl_tiny_model.json"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -76,6 +76,10 @@ class TinyModelSpec:
     #: ship (``mtp.*`` weights, ``mtp_num_hidden_layers`` in text_config), which SGLang's
     #: NEXTN/EAGLE speculative decoding loads as its draft model; 0 (default) leaves it out.
     mtp_num_hidden_layers: int = 0
+    #: With an MTP head: 0 (default) leaves it random (SGLang accepts none of its drafts); N fits
+    #: it in N AdamW steps to predict the main model's own next greedy token, so that drafts are
+    #: accepted (`sglang_fl.models.mtp`; the achieved agreement goes to sglang_fl_mtp_fit.json).
+    mtp_fit_steps: int = 0
 
     def special_tokens(self) -> tuple[str, ...]:
         return SPECIAL_TOKENS + (VISION_TOKENS if self.architecture in HYBRID else ())
@@ -132,6 +136,12 @@ class TinyModelSpec:
         if self.mtp_num_hidden_layers and self.architecture not in HYBRID:
             raise ValueError(f"tiny model mtp_num_hidden_layers={self.mtp_num_hidden_layers} needs a "
                              f"hybrid architecture ({', '.join(HYBRID)})")
+        if not isinstance(self.mtp_fit_steps, int) or self.mtp_fit_steps < 0:
+            raise ValueError(f"tiny model mtp_fit_steps={self.mtp_fit_steps!r} is not accepted; accepted: "
+                             f"0 (a random MTP head) or a positive number of fitting steps")
+        if self.mtp_fit_steps and not self.mtp_num_hidden_layers:
+            raise ValueError(f"tiny model mtp_fit_steps={self.mtp_fit_steps} needs an MTP head to fit: "
+                             f"set mtp_num_hidden_layers=1")
         if self.dtype not in DTYPES:
             raise ValueError(f"tiny model dtype={self.dtype!r} is not accepted; accepted: {', '.join(DTYPES)}")
 
@@ -413,7 +423,7 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     model.save_pretrained(out, safe_serialization=True)
     text = config.get_text_config()
     if spec.mtp_num_hidden_layers:
-        _add_mtp_weights(out, spec, text)
+        _add_mtp_weights(out, spec, text, model)
     GenerationConfig(
         bos_token_id=text.bos_token_id,
         eos_token_id=[text.eos_token_id, text.pad_token_id],
@@ -430,38 +440,26 @@ def _token_ids(out: Path) -> dict[str, int]:
             if tok.token_to_id(t) is not None}
 
 
-def _add_mtp_weights(out: Path, spec: TinyModelSpec, text) -> None:
-    """Add the MTP head of a Qwen3.5/3.6 checkpoint to ``out/model.safetensors``: ``mtp.fc``
-    (the concatenated [normed embedding, normed hidden state] back to hidden size), the two
-    pre-fc norms, one full-attention decoder layer (``mtp.layers.0.*``, MoE in the MoE model)
-    and ``mtp.norm``; it shares the main model's embedding and LM head. transformers builds
-    no MTP module (it ignores ``mtp.*`` on load), so the layer and final norm come from a
-    one-layer full-attention text model of the same config, initialised the way transformers
-    initialises the main one, and saved through transformers (its on-disk expert layout).
-    Seeded apart from the main weights, which stay those of the model without the head."""
-    import tempfile
-
+def _add_mtp_weights(out: Path, spec: TinyModelSpec, text, model) -> None:
+    """Add the MTP head of a Qwen3.5/3.6 checkpoint to ``out/model.safetensors``: ``mtp.fc``,
+    the two pre-fc norms, one full-attention decoder layer (``mtp.layers.0.*``, MoE in the MoE
+    model) and ``mtp.norm`` (`sglang_fl.models.mtp.MtpHead`); it shares the main model's
+    embedding and LM head. transformers builds no MTP module (it ignores ``mtp.*`` on load).
+    Seeded apart from the main weights, which stay those of the model without the head; with
+    ``mtp_fit_steps`` fitted to ``model``'s greedy tokens (which leaves ``model`` in fp32)."""
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, spec.dtype)
-    layer_config = type(text).from_dict({**text.to_dict(), "num_hidden_layers": 1,
-                                         "layer_types": ["full_attention"]})
+    from sglang_fl.models.mtp import FIT_REPORT, MtpHead, fit_mtp_head
+
     torch.manual_seed(spec.seed + 1)
     with torch.device("cpu"):
-        one_layer = AutoModelForCausalLM.from_config(layer_config).to(dtype)
-        fc = torch.empty(spec.hidden_size, 2 * spec.hidden_size, dtype=dtype)
-        fc.normal_(0.0, spec.initializer_range)
-    mtp = {"mtp.fc.weight": fc,
-           # (1 + weight) norms, as transformers initialises Qwen3.5's: zeros
-           "mtp.pre_fc_norm_embedding.weight": torch.zeros(spec.hidden_size, dtype=dtype),
-           "mtp.pre_fc_norm_hidden.weight": torch.zeros(spec.hidden_size, dtype=dtype)}
-    with tempfile.TemporaryDirectory() as tmp:
-        one_layer.save_pretrained(tmp, safe_serialization=True)
-        for name, tensor in load_file(str(Path(tmp) / "model.safetensors")).items():
-            for src, dst in (("model.layers.0.", "mtp.layers.0."), ("model.norm.", "mtp.norm.")):
-                if name.startswith(src):
-                    mtp[dst + name[len(src):]] = tensor
+        head = MtpHead(text, getattr(torch, spec.dtype), spec.initializer_range)
+    (out / FIT_REPORT).unlink(missing_ok=True)
+    if spec.mtp_fit_steps:
+        report = fit_mtp_head(head, model, steps=spec.mtp_fit_steps, seed=spec.seed + 2,
+                              vocab_size=spec.vocab_size)
+        (out / FIT_REPORT).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     weights = load_file(str(out / "model.safetensors"))
-    save_file({**weights, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({**weights, **head.checkpoint_tensors()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
