@@ -2,8 +2,10 @@
 
 SGLang's NEXTN speculative decoding drafts with the checkpoint's ``mtp.*`` layer
 (``Qwen3_5ForCausalLMMTP``). A random head's drafts are never accepted, so the accepting path of
-speculation would go untested; `fit_mtp_head` trains the head of a tiny checkpoint to predict the
-main model's own next greedy token, so that drafts are accepted and speculation pays.
+speculation would go untested; `fit_mtp_head` warm-starts the head of a tiny checkpoint from the
+main model and fits it to predict the main model's next hidden state (and so its greedy token).
+On random multi-layer main models this has not reached useful agreement (measurements in
+docs/speculative-decoding.md).
 
 `MtpHead.forward` is the draft forward as SGLang computes it (models/qwen3_5_mtp.py, 0.5.11 and
 0.5.23): at position ``t`` it takes the target's final hidden state ``h_t`` (after the final
@@ -13,7 +15,9 @@ RMSNorm; ``fc`` maps ``[embedding, hidden]`` (that order) back to hidden size; o
 decoder layer (causal over the draft's own earlier positions, rotary at position ``t``) and
 ``mtp.norm`` follow, and the main model's LM head gives the logits for ``x_{t+2}``. The decoder
 layer and norms are transformers' own Qwen3.5 classes, which the main model's greedy ids already
-match SGLang with; ``tests/unit/test_mtp_fit.py`` runs SGLang's forward beside this one.
+match SGLang with. The layout was read from SGLang's source, not run against it;
+``tests/unit/test_mtp_fit.py`` checks the shift, order and norms indirectly (a warm-started head
+on a one-full-attention-layer main model agrees with it only if they are right).
 """
 
 from __future__ import annotations
