@@ -85,6 +85,9 @@ SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
                        # TP=2 x PP=2 (four processes on CI's two cores) runs in `tests` only
                        "--deselect", "tests/distributed/test_pp_e2e.py::"
                        "test_tp2_pp2_serves_the_same_greedy_ids_as_one_process",
+                       # a transformers-only checkpoint check (~2-3 min): no SGLang in it
+                       "--deselect", "tests/unit/test_mtp_agreement.py::"
+                       "test_reduced_27b_shape_agrees_in_bf16",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
                        "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",

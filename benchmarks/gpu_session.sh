@@ -18,7 +18,9 @@
 #            tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own kernels uninstalled)
 #   ops      benchmarks/op_bench.py -> $OUT/ops.json
 #   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in
-#            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1)
+#            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1
+#            --layer-output-share 0.02: a near-bigram main model and an MTP head that drafts its
+#            tokens; their agreement -> $OUT/sglang_fl_mtp_agreement.json)
 #   e2e      benchmarks/e2e_bench.py -> $OUT/e2e.json (E2E_ARGS adds arguments)
 #   tune     sglang-fl tune on $MODEL_DIR's shapes -> $OUT/tuned.yaml (TUNE_ARGS adds arguments)
 #   savejit  tar TVM_FFI_CACHE_DIR into $OUT/jit-cache.tgz for the next session
@@ -177,6 +179,10 @@ stage_model() {
   log "model -> $MODEL_DIR"
   args "${MODEL_ARGS:-}"
   "$PY" -m sglang_fl.cli make-tiny-model "$MODEL_DIR" --preset "${MODEL_PRESET:-qwen2.5-0.5b}" "${ARGS[@]}"
+  # --layer-output-share with an MTP head: how often its drafts are the main model's tokens
+  [ -f "$MODEL_DIR/sglang_fl_mtp_agreement.json" ] && cp "$MODEL_DIR/sglang_fl_mtp_agreement.json" "$OUT/" \
+    && cat "$MODEL_DIR/sglang_fl_mtp_agreement.json"
+  return 0
 }
 
 stage_e2e() {

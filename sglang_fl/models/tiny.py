@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: Bump when the on-disk layout or the generation procedure changes, so cached dirs rebuild.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "sglang_fl_tiny_model.json"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -34,6 +34,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 ARCHITECTURES = ("qwen2", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 #: Hybrid (Gated DeltaNet + gated full attention) architectures, served as image-text models.
 HYBRID = ("qwen3_5", "qwen3_5_moe")
+#: Above this `TinyModelSpec.layer_output_share` the greedy token is no longer mostly the
+#: embedding's own (at 0.05 it still was at 63% of positions on the reduced 27B shape).
+MAX_LAYER_OUTPUT_SHARE = 0.1
 #: The vision tokens a Qwen3.5/3.6 checkpoint's tokenizer and processor name.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -76,6 +79,14 @@ class TinyModelSpec:
     #: ship (``mtp.*`` weights, ``mtp_num_hidden_layers`` in text_config), which SGLang's
     #: NEXTN/EAGLE speculative decoding loads as its draft model; 0 (default) leaves it out.
     mtp_num_hidden_layers: int = 0
+    #: Hybrid models only: 0 (default) keeps the layers as initialised. A share r > 0 (0.02 is
+    #: the documented choice) rescales every layer's output projections (attention o_proj, GDN
+    #: out_proj, MLP / routed and shared experts' down_proj) so that each of those blocks adds
+    #: r times the token embedding's RMS to the residual stream: the next token is then mostly
+    #: a function of the current one (a near-bigram model) while every layer still moves the
+    #: logits, and an MTP head is warm-started from the main model so that SGLang's NEXTN
+    #: accepts most of its drafts (their agreement goes to sglang_fl_mtp_agreement.json).
+    layer_output_share: float = 0.0
 
     def special_tokens(self) -> tuple[str, ...]:
         return SPECIAL_TOKENS + (VISION_TOKENS if self.architecture in HYBRID else ())
@@ -132,6 +143,14 @@ class TinyModelSpec:
         if self.mtp_num_hidden_layers and self.architecture not in HYBRID:
             raise ValueError(f"tiny model mtp_num_hidden_layers={self.mtp_num_hidden_layers} needs a "
                              f"hybrid architecture ({', '.join(HYBRID)})")
+        share = self.layer_output_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= MAX_LAYER_OUTPUT_SHARE:
+            raise ValueError(f"tiny model layer_output_share={share!r} is not accepted; accepted: 0 (layers "
+                             f"as initialised) or a share of the embedding's RMS in (0, "
+                             f"{MAX_LAYER_OUTPUT_SHARE}] (above it the model is no longer near-bigram)")
+        if share and self.architecture not in HYBRID:
+            raise ValueError(f"tiny model layer_output_share={share} needs a hybrid architecture "
+                             f"({', '.join(HYBRID)}): it serves their MTP head")
         if self.dtype not in DTYPES:
             raise ValueError(f"tiny model dtype={self.dtype!r} is not accepted; accepted: {', '.join(DTYPES)}")
 
@@ -408,12 +427,14 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
             model = AutoModelForImageTextToText.from_config(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
+    if spec.layer_output_share:
+        _damp_layer_outputs(model.model.language_model, spec)
     model.to(dtype)
     model.config.dtype = spec.dtype  # written to config.json: what SGLang's --dtype auto uses
     model.save_pretrained(out, safe_serialization=True)
     text = config.get_text_config()
     if spec.mtp_num_hidden_layers:
-        _add_mtp_weights(out, spec, text)
+        _add_mtp_weights(out, spec, text, model)
     GenerationConfig(
         bos_token_id=text.bos_token_id,
         eos_token_id=[text.eos_token_id, text.pad_token_id],
@@ -430,38 +451,65 @@ def _token_ids(out: Path) -> dict[str, int]:
             if tok.token_to_id(t) is not None}
 
 
-def _add_mtp_weights(out: Path, spec: TinyModelSpec, text) -> None:
-    """Add the MTP head of a Qwen3.5/3.6 checkpoint to ``out/model.safetensors``: ``mtp.fc``
-    (the concatenated [normed embedding, normed hidden state] back to hidden size), the two
-    pre-fc norms, one full-attention decoder layer (``mtp.layers.0.*``, MoE in the MoE model)
-    and ``mtp.norm``; it shares the main model's embedding and LM head. transformers builds
-    no MTP module (it ignores ``mtp.*`` on load), so the layer and final norm come from a
-    one-layer full-attention text model of the same config, initialised the way transformers
-    initialises the main one, and saved through transformers (its on-disk expert layout).
-    Seeded apart from the main weights, which stay those of the model without the head."""
-    import tempfile
+def _damp_layer_outputs(text, spec: TinyModelSpec, rounds: int = 3) -> None:
+    """Rescale each attention/GDN and MLP/MoE block's output projections so that the block adds
+    ``spec.layer_output_share`` times the token embedding's RMS to the residual stream, measured
+    on random tokens in fp32. A block's output is linear in its output projection, but its input
+    depends on the blocks before it, so the measure-and-rescale repeats (three rounds land each
+    block within 1% of the share). Seeded; the model's other weights are left as they are."""
+    import re
 
     import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, spec.dtype)
-    layer_config = type(text).from_dict({**text.to_dict(), "num_hidden_layers": 1,
-                                         "layer_types": ["full_attention"]})
+    out_proj = re.compile(r"(^|\.)(o_proj|out_proj|down_proj)(\.weight)?$")
+    blocks = [getattr(layer, name) for layer in text.layers for name in ("self_attn", "linear_attn", "mlp")
+              if hasattr(layer, name)]
+    gen = torch.Generator().manual_seed(spec.seed + 3)
+    ids = torch.randint(0, spec.vocab_size, (4, 64), generator=gen)
+    rms: dict[int, float] = {}
+
+    def record(i):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            rms[i] = out.float().pow(2).mean().sqrt().item()
+        return hook
+
+    with torch.no_grad():
+        embed = text.get_input_embeddings()(ids).float().pow(2).mean().sqrt().item()
+        for _ in range(rounds):
+            hooks = [block.register_forward_hook(record(i)) for i, block in enumerate(blocks)]
+            try:
+                text(input_ids=ids, use_cache=False)
+            finally:
+                for h in hooks:
+                    h.remove()
+            for i, block in enumerate(blocks):
+                for name, param in block.named_parameters():
+                    if out_proj.search(name):
+                        param.mul_(spec.layer_output_share * embed / rms[i])
+
+
+def _add_mtp_weights(out: Path, spec: TinyModelSpec, text, model) -> None:
+    """Add the MTP head of a Qwen3.5/3.6 checkpoint to ``out/model.safetensors``: ``mtp.fc``,
+    the two pre-fc norms, one full-attention decoder layer (``mtp.layers.0.*``, MoE in the MoE
+    model) and ``mtp.norm`` (`sglang_fl.models.mtp.MtpHead`); it shares the main model's
+    embedding and LM head. transformers builds no MTP module (it ignores ``mtp.*`` on load).
+    Seeded apart from the main weights, which stay those of the model without the head. With
+    ``layer_output_share`` the head is warm-started from ``model`` and its agreement with it
+    recorded (which moves ``model`` to CUDA when there is one)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sglang_fl.models.mtp import AGREEMENT_REPORT, MtpHead, measure_agreement
+
     torch.manual_seed(spec.seed + 1)
     with torch.device("cpu"):
-        one_layer = AutoModelForCausalLM.from_config(layer_config).to(dtype)
-        fc = torch.empty(spec.hidden_size, 2 * spec.hidden_size, dtype=dtype)
-        fc.normal_(0.0, spec.initializer_range)
-    mtp = {"mtp.fc.weight": fc,
-           # (1 + weight) norms, as transformers initialises Qwen3.5's: zeros
-           "mtp.pre_fc_norm_embedding.weight": torch.zeros(spec.hidden_size, dtype=dtype),
-           "mtp.pre_fc_norm_hidden.weight": torch.zeros(spec.hidden_size, dtype=dtype)}
-    with tempfile.TemporaryDirectory() as tmp:
-        one_layer.save_pretrained(tmp, safe_serialization=True)
-        for name, tensor in load_file(str(Path(tmp) / "model.safetensors")).items():
-            for src, dst in (("model.layers.0.", "mtp.layers.0."), ("model.norm.", "mtp.norm.")):
-                if name.startswith(src):
-                    mtp[dst + name[len(src):]] = tensor
+        head = MtpHead(text, getattr(torch, spec.dtype), spec.initializer_range)
+    (out / AGREEMENT_REPORT).unlink(missing_ok=True)
+    if spec.layer_output_share:
+        head.warm_start(model.model.language_model)
+        agreement = measure_agreement(head, model, seed=spec.seed + 2, vocab_size=spec.vocab_size)
+        (out / AGREEMENT_REPORT).write_text(json.dumps(agreement.as_dict(), indent=2) + "\n")
     weights = load_file(str(out / "model.safetensors"))
-    save_file({**weights, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({**weights, **head.checkpoint_tensors()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})

@@ -459,3 +459,17 @@ def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
     assert verdicts["b"] == {"error": "ServerStartError: exited"}
     table = e2e_bench.greedy_table({"greedy": {"verdicts": verdicts, "hf_reference": {}}})
     assert "| b | - | no ids: ServerStartError: exited |" in table
+
+
+def test_the_accept_length_sglang_reports_is_recorded_for_batch_one():
+    """SGLang puts ``spec_accept_length`` in a speculative request's meta_info; a plain server
+    has none, and then the result has no such key (not a made-up 1.0)."""
+    class SpeculatingServer(RecordingServer):
+        def post_json(self, path, payload, timeout=None):
+            out = super().post_json(path, payload, timeout)
+            for o in out if isinstance(out, list) else [out]:
+                o["meta_info"] = {"spec_accept_length": 2.5}
+            return out
+
+    assert e2e_bench.measure(SpeculatingServer(), 1000, "s", 4)["spec_accept_length"] == 2.5
+    assert "spec_accept_length" not in e2e_bench.measure(RecordingServer(), 1000, "s", 4)
