@@ -6,7 +6,9 @@
 #
 # Stages:
 #   install  pip-install wheels/gpu (but the sglang_fl wheel) + this checkout, into the python
-#            that holds torch; restores $JIT_CACHE_TGZ (a tarball of TVM_FFI_CACHE_DIR) if given
+#            that holds torch; restores $JIT_CACHE_TGZ (a tarball of TVM_FFI_CACHE_DIR) if given.
+#            On a machine where another bundle was installed, first removes what that one added
+#            to the image and this one lacks ($BUNDLE_ADDED), so versions can switch warm
 #   flagcx   build FlagCX (a source tree at $FLAGCX_SRC, default wheels/flagcx: v0.13.0, made
 #            with `git archive`) against torch's NCCL wheel; sets FLAGCX_PATH for later stages
 #   jit      pre-build SGLang's JIT CUDA kernels in parallel (benchmarks/jit_prebuild.py)
@@ -81,14 +83,38 @@ log() { echo "== [$(date -u +%H:%M:%S)] $*"; }
 
 args() { read -ra ARGS <<< "${1:-}"; }  # split an *_ARGS variable into the array ARGS
 
+#: What earlier installs on this machine added to the image (packages absent before them): an
+#: install of another bundle removes those it does not carry, so that a warm machine can switch
+#: SGLang versions without a new start (0.5.23's xgrammar left behind broke 0.5.11's empty mode).
+#: Packages the image had are never removed (transformers needs the image's regex).
+BUNDLE_ADDED=${BUNDLE_ADDED:-/tmp/sglang-fl-bundle-added.txt}
+
+normalized() { tr 'A-Z' 'a-z' | tr -- '-.' '__' | sort -u; }  # PEP 503-ish, as wheel names
+
+installed_names() { "$PY" -m pip list --format=freeze 2>/dev/null | sed 's/==.*//; s/ @ .*//' | normalized; }
+
 stage_install() {
-  local wheels=() w
+  local wheels=() w stale before
   for w in "$BUNDLE"/*.whl; do
     [[ $w == */sglang_fl-* ]] || wheels+=("$w")  # the checkout itself is installed below
   done
+  if [[ -f $BUNDLE_ADDED ]]; then
+    stale=$(comm -23 <(normalized < "$BUNDLE_ADDED") \
+      <(for w in "$BUNDLE"/*.whl; do basename "$w" | cut -d- -f1; done | normalized))
+    if [[ -n $stale ]]; then
+      log "install: removing what an earlier bundle added and $BUNDLE lacks:" $stale
+      # shellcheck disable=SC2086  # one name per word
+      "$PY" -m pip uninstall -q -y $stale 2>/dev/null
+    fi
+  fi
+  before=$(installed_names)
   log "install: ${#wheels[@]} wheels from $BUNDLE + this checkout"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "${wheels[@]}" || return 1
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || return 1
+  # Added now, plus what earlier installs added that is still there.
+  { comm -13 <(echo "$before") <(installed_names)
+    if [[ -f $BUNDLE_ADDED ]]; then comm -12 <(normalized < "$BUNDLE_ADDED") <(installed_names); fi
+  } | sort -u > "$BUNDLE_ADDED.new" && mv "$BUNDLE_ADDED.new" "$BUNDLE_ADDED"
   if ! ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1; then
     # A bundle without SGLang's kernels (ci/gpu-bundle --sglang 0.5.23): empty mode with
     # FlagGems; a sglang-kernel left by an earlier install would not match this SGLang.
