@@ -161,21 +161,36 @@ stage_repro() {
   tail -n 40 "$OUT/rope-timing.json"
 }
 
+empty_drop() {
+  # What empty mode lacks: SGLang's own kernels and flashinfer. SGLang 0.5.23's OpenAI server
+  # imports xgrammar, which needs apache-tvm-ffi: its empty mode keeps that package (the bundle
+  # has no sglang-kernel); 0.5.11's runs without it.
+  echo sglang-kernel sgl-kernel flashinfer-python
+  ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1 && echo apache-tvm-ffi
+  return 0
+}
+
 empty_uninstall() {
-  # SGLang 0.5.23's OpenAI server imports xgrammar, which needs apache-tvm-ffi: its empty mode
-  # keeps that package (the bundle has no sglang-kernel); 0.5.11's runs without both.
-  local drop=(sglang-kernel apache-tvm-ffi)
-  ls "$BUNDLE"/sglang_kernel-*.whl >/dev/null 2>&1 || drop=(sglang-kernel)
+  local drop
+  read -ra drop <<< "$(empty_drop | tr '\n' ' ')"
   log "empty mode: uninstall ${drop[*]}"
   "$PY" -m pip uninstall -q -y "${drop[@]}" 2>/dev/null
   return 0
 }
 
+empty_overlay() {
+  # Empty mode beside the full install: a virtual environment that sees every package of it
+  # but those empty mode lacks (tools/overlay_env.py); prints its python.
+  local drop
+  read -ra drop <<< "$(empty_drop | tr '\n' ' ')"
+  "$PY" tools/overlay_env.py "${EMPTY_OVERLAY:-/tmp/sglang-fl-empty}" --without "${drop[@]}"
+}
+
 empty_servers() {
   # The four servers at once (EMPTY_WORKERS, pytest-xdist): the GPU holds them all.
-  log "empty mode: the served GPU tests"
+  log "empty mode: the served GPU tests ($PY)"
   timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
-    -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" 2>&1 \
+    -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" --durations=8 2>&1 \
     | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
 
@@ -346,33 +361,51 @@ stage_verify() {
   local doctor=$!
   (MODEL_PRESET=qwen2.5-0.5b timed model stage_model > "$OUT/model.log" 2>&1) &
   local model=$!
+  (timed overlay empty_overlay > "$OUT/overlay.log" 2>&1) &
+  local overlay=$!
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     log "JIT cache restored by install: no prebuild"
   else
     JIT_ARGS=${JIT_ARGS:-} timed jit stage_jit
   fi
   wait "$doctor" "$model" "$treecore"; cat "$OUT/doctor-stage.log"
-  local configs=fl-defaults,native-L1off
+  local configs=fl-defaults,native-L1off empty_py='' smoke empty
   "$PY" -c "import importlib.metadata as m; m.version('sglang-kernel')" 2>/dev/null \
     || configs=fl-defaults,flagos-L1off  # no SGLang kernels in this bundle (0.5.23: empty mode)
-  # The smoke serves while the suite runs: a smoke, not a measurement (e2e and ops stages are).
+  wait "$overlay" && empty_py=$(grep '/bin/python$' "$OUT/overlay.log" | tail -n 1)
+  [[ -x $empty_py ]] || { log "no empty-mode overlay (see below): empty mode after the suite"
+                          cat "$OUT/overlay.log"; empty_py=''; }
+  # From here three things share the GPU. The smoke serves on the full install: a smoke, not a
+  # measurement (e2e and ops stages are).
   (E2E_TIMEOUT=${SMOKE_TIMEOUT:-260} E2E_ARGS="--configs $configs --repeats 3 --new-tokens 32 \
-     --mem-fraction 0.2" timed smoke stage_e2e > "$OUT/smoke.log" 2>&1) &
-  local smoke=$!
+     --mem-fraction 0.1" timed smoke stage_e2e > "$OUT/smoke.log" 2>&1) &
+  smoke=$!
+  if [[ -n $empty_py ]]; then
+    # The four empty-mode servers and doctor in empty mode, in the overlay (no SGLang kernels),
+    # beside the suite on the full install; the suite and the smoke allocate while they load,
+    # so each server's margin is larger than when they have the GPU to themselves.
+    (PY=$empty_py timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
+    (PY=$empty_py SGLANG_FL_TEST_MEM_FRACTION=${EMPTY_MEM_FRACTION:-0.3} \
+       EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-330} timed emptymode empty_servers > "$OUT/empty-stage.log" 2>&1) &
+    empty=$!
+  fi
   PYTEST_ARGS="-n ${VERIFY_WORKERS:-10} --durations=25 ${PYTEST_ARGS:-}" \
-    TESTS_TIMEOUT=${TESTS_TIMEOUT:-240} timed tests stage_tests
+    TESTS_TIMEOUT=${TESTS_TIMEOUT:-300} timed tests stage_tests
   wait "$smoke"; tail -n 25 "$OUT/smoke.log"
-  empty_uninstall
-  # doctor (empty mode) and the JIT tarball beside the four empty-mode servers
-  (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
-  (timed savejit stage_savejit > /dev/null) &
-  EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode empty_servers
+  if [[ -n $empty_py ]]; then
+    wait "$empty"; tail -n 40 "$OUT/empty-stage.log"
+  else  # the old way: uninstall SGLang's kernels from the full install, then serve
+    empty_uninstall
+    (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
+    EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode empty_servers
+  fi
   wait; cat "$OUT/doctor-empty-stage.log"
+  timed savejit stage_savejit > /dev/null
   echo "total $((SECONDS - t0)) s" | tee -a "$OUT/verify-durations.txt"
   # The device tool returns 8 files: the rest of the logs go back as one tarball.
   (cd "$OUT" && tar -czf verify-logs.tgz --exclude=jit-cache.tgz --exclude=verify-logs.tgz -- * \
      && rm -f gpu-tests.xml e2e.log e2e-logs.tgz smoke.log model.log doctor-stage.log \
-       doctor-empty-stage.log)
+       doctor-empty-stage.log empty-stage.log overlay.log)
   cat "$OUT/verify-durations.txt"
 }
 

@@ -94,6 +94,24 @@ SHARED_GPU_MAX_TOTAL_TOKENS = 32768
 SHARED_GPU_MAX_MAMBA_CACHE_SIZE = 256
 
 
+def shared_mem_fraction(workers: int) -> float:
+    """Each server's ``--mem-fraction-static`` beside ``workers - 1`` others: ``0.8 / workers``,
+    or ``SGLANG_FL_TEST_MEM_FRACTION`` when set. The GPU verify sets it where other work (the
+    GPU suite, a smoke) shares the card too: with the pools capped, the fraction is only the
+    margin for what others allocate while this server loads, so there it is larger."""
+    raw = os.environ.get("SGLANG_FL_TEST_MEM_FRACTION")
+    if raw is None:
+        return 0.8 / workers
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"SGLANG_FL_TEST_MEM_FRACTION={raw!r}: expected a number between 0 and 1 "
+                         "(each served test's --mem-fraction-static)")
+    return value
+
+
 def shared_gpu_args(hybrid: bool = False) -> tuple[str, ...]:
     """Arguments that let the servers of ``pytest -n N`` (pytest-xdist, one server per worker)
     share one GPU; none for a run without workers, which keeps SGLang's own memory defaults.
@@ -107,7 +125,7 @@ def shared_gpu_args(hybrid: bool = False) -> tuple[str, ...]:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:
         return ()
-    args = ("--mem-fraction-static", f"{0.8 / workers:.2f}",
+    args = ("--mem-fraction-static", f"{shared_mem_fraction(workers):.2f}",
             "--max-total-tokens", str(SHARED_GPU_MAX_TOTAL_TOKENS))
     if hybrid:
         args += ("--max-mamba-cache-size", str(SHARED_GPU_MAX_MAMBA_CACHE_SIZE))
