@@ -16,8 +16,9 @@
 #            by TESTS_TIMEOUT still names each test and its outcome in gpu-tests.log)
 #   repro    tools/repro_flaggems_rope_race.py: FlagGems' in-place RoPE race, and the cost of
 #            sglang-fl's out-of-place workaround -> $OUT/rope-repro.txt, $OUT/rope-timing.json
-#   emptymode  uninstall sglang-kernel and apache-tvm-ffi (empty mode), then
-#            tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own kernels uninstalled)
+#   emptymode  uninstall what empty mode lacks (sglang-kernel, flashinfer, with 0.5.11
+#            apache-tvm-ffi), then tests/e2e/test_gpu_empty_mode.py (last: it leaves SGLang's own
+#            kernels uninstalled; verify serves empty mode in an overlay venv instead)
 #   ops      benchmarks/op_bench.py -> $OUT/ops.json
 #   model    make the random-weight checkpoint of preset $MODEL_PRESET (default qwen2.5-0.5b) in
 #            $MODEL_DIR; MODEL_ARGS adds make-tiny-model options (e.g. --mtp-num-hidden-layers 1
@@ -55,14 +56,17 @@
 #            $OUT/shapes-durations.txt, logs to $OUT/shapes-logs.tgz.
 #   pack     everything under $OUT but the summaries into $OUT/results.tgz (call last)
 #   verify   the whole GPU check of one SGLang bundle inside one device call (at most 540 s on a
-#            fresh machine): install; treecore, doctor and the model beside the JIT warm-up
-#            (restored from $JIT_CACHE_TGZ when given, else pre-built); the default GPU suite
-#            (tests/gpu, xdist, VERIFY_WORKERS) beside a short e2e smoke (defaults vs SGLang's
-#            own kernels where the bundle has them, else vs FlagGems for every op); then the
-#            four empty-mode servers at once (dense, MoE, the tiny and the 27B-shaped hybrids)
-#            beside doctor in empty mode and savejit (H200, 2026-12-03: ~555 s with these
-#            three steps in series). Each step's duration and the total go to
-#            $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and
+#            fresh machine): install; treecore, doctor, the model and the empty-mode overlay
+#            (tools/overlay_env.py: a venv that sees the full install but sglang-kernel,
+#            flashinfer and, with 0.5.11, apache-tvm-ffi) beside the JIT warm-up (restored from
+#            $JIT_CACHE_TGZ when given, else pre-built); then three things share the GPU: the
+#            default GPU suite (tests/gpu, xdist, VERIFY_WORKERS), a short e2e smoke (defaults vs
+#            SGLang's own kernels where the bundle has them, else vs FlagGems for every op), and,
+#            in the overlay, the four empty-mode servers at once (dense, MoE, the tiny and the
+#            27B-shaped hybrids; EMPTY_MEM_FRACTION each, default 0.3) with doctor in empty mode.
+#            Without an overlay, empty mode uninstalls SGLang's kernels after the suite, as
+#            before (H200, 2026-12-03: ~555 s in series). Each step's duration and the total go
+#            to $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and
 #            Triton kernel caches, so a call on a warm machine is timed as a fresh one.
 #
 #   OUT=/tmp/out benchmarks/gpu_session.sh verify                      # SGLang 0.5.11 bundle
@@ -347,7 +351,7 @@ sglang_version() { "$PY" -c "import importlib.metadata as m; print(m.version('sg
 stage_verify() {
   # The whole check of one bundle within one device call (at most 540 s on a fresh machine):
   # steps that use different resources run side by side (doctor and model: CPU and disk, JIT:
-  # nvcc; the GPU suite beside a short served smoke; the four empty-mode servers at once).
+  # nvcc; then the GPU suite, a short served smoke and the four empty-mode servers at once).
   local t0=$SECONDS
   : > "$OUT/verify-durations.txt"
   if [[ ${VERIFY_FRESH:-1} == 1 ]]; then  # time it as a fresh machine: no kernel caches
