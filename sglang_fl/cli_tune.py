@@ -19,6 +19,10 @@ def add_subcommands(subparsers) -> None:
                                      "token_buckets setting)")
     p.add_argument("--tokens", help="comma-separated token counts to time, at least one per bucket "
                                     "(default: each bucket's smallest and largest)")
+    p.add_argument("--graph-buckets",
+                   help="comma-separated buckets timed under a CUDA graph, or 'none' (default on "
+                        "CUDA: the first bucket of several, which SGLang serves with graph decode; "
+                        "elsewhere none)")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     p.add_argument("--device", help="torch device (default: the accelerator if any, else cpu)")
     p.add_argument("--ops", help="comma-separated subset of ops (default: every op the model uses)")
@@ -82,7 +86,30 @@ def parse_args(args):
         raise TuneError(f"--device {device!r}: not usable here ({exc})") from None
     shapes = ModelShapes.from_model(args.model) if args.model else ModelShapes()
     return dict(shapes=shapes, buckets=buckets, tokens=tokens, dtype=getattr(torch, args.dtype),
-                device=device, ops=ops, iters=args.iters, warmup=args.warmup, repeats=args.repeats)
+                device=device, ops=ops, iters=args.iters, warmup=args.warmup, repeats=args.repeats,
+                graph_buckets=graph_buckets(args.graph_buckets, buckets, device))
+
+
+def graph_buckets(raw, buckets, device) -> tuple[str, ...]:
+    """The buckets timed under a CUDA graph: ``raw`` ('none' or names) checked against the
+    buckets and the device; by default, on CUDA, the first of several buckets (decode)."""
+    from sglang_fl.tune import TuneError
+
+    names = [name for name, _ in buckets]
+    on_cuda = str(device).split(":")[0] == "cuda"
+    if raw is None:
+        return (names[0],) if on_cuda and len(names) > 1 else ()
+    chosen = [b.strip() for b in raw.split(",") if b.strip()]
+    if chosen == ["none"]:
+        return ()
+    bad = [b for b in chosen if b not in names]
+    if bad or not chosen:
+        raise TuneError(f"--graph-buckets {raw!r}: unknown bucket(s) {', '.join(map(repr, bad)) or '(none given)'}; "
+                        f"accepted: 'none' or a comma-separated subset of {', '.join(names)}")
+    if not on_cuda:
+        raise TuneError(f"--graph-buckets {raw!r}: CUDA graph timing needs a CUDA device, and "
+                        f"--device is {device!r}; use --graph-buckets none")
+    return tuple(dict.fromkeys(chosen))
 
 
 def cmd_tune(args) -> int:

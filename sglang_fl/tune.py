@@ -9,8 +9,12 @@ For each op of the op table that the model uses, each backend kind with an imple
    that raises, is excluded from every bucket and reported (the accuracy gate);
 2. timed at every token count of every bucket (``--tokens``, by default two per bucket): the
    median over ``--repeats`` of the mean of ``--iters`` back-to-back calls after ``--warmup``
-   calls, the device synchronised around each timing. Timings are eager: what prefill pays; a
-   bucket run under a CUDA graph (decode) pays the kernel alone.
+   calls, the device synchronised around each timing. Timings are eager (what prefill pays,
+   launch and Python wrappers included) except in the graph buckets (``--graph-buckets``, on
+   CUDA by default the first, decode, bucket): there the calls are captured once in a CUDA graph
+   and its replays are timed, which is what CUDA-graph decode pays. An impl that cannot be
+   captured is left out of the graph buckets' orders and reported (it would break the server's
+   graph capture).
 
 A bucket's order is its kinds by their summed time over the bucket's token counts, fastest first.
 The YAML (``token_buckets`` + ``op_backends``) loads as a user config (``SGLANG_FL_CONFIG``) or
@@ -379,6 +383,46 @@ def time_case(fn, case: Case, device, iters: int, warmup: int, repeats: int) -> 
     return total
 
 
+def time_case_graph(fn, case: Case, device, iters: int, warmup: int, repeats: int) -> float:
+    """Microseconds per call under a CUDA graph, summed over the case's variants: ``iters``
+    calls captured once (after ``warmup`` calls on a side stream, which also compile), then the
+    median over ``repeats`` replays timed with device events. Raises where the impl cannot be
+    captured (a host read, a synchronisation, an allocation the graph may not make)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        raise TuneError(f"CUDA graph timing needs a CUDA device, not {device!r}")
+    total = 0.0
+    for layer, args in case.variants:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):
+                fn(layer, *args)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn(layer, *args)
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / iters)
+        total += statistics.median(samples)
+        del graph
+    return total
+
+
+TIMERS = {"eager": time_case, "graph": time_case_graph}
+
+
 # ---------------------------------------------------------------------------------------------
 # The tuner
 # ---------------------------------------------------------------------------------------------
@@ -391,6 +435,7 @@ class OpResult:
     excluded: dict[str, str] = field(default_factory=dict)  # impl label -> why
     us: dict[str, dict[int, float]] = field(default_factory=dict)  # kind -> tokens -> us
     orders: dict[str, list[str]] = field(default_factory=dict)  # bucket -> kinds
+    not_capturable: dict[str, str] = field(default_factory=dict)  # impl label -> why (graph buckets)
     skipped: str = ""  # why the op was not tuned
 
 
@@ -403,6 +448,7 @@ class TuneResult:
     device: str
     settings: dict
     ops: dict[str, OpResult]
+    graph_buckets: tuple[str, ...] = ()
 
 
 def default_tokens(buckets) -> dict[str, tuple[int, ...]]:
@@ -452,7 +498,13 @@ def pick_per_kind(manager, op: str) -> dict[str, object]:
 
 
 def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, device,
-         ops=None, iters: int = 20, warmup: int = 3, repeats: int = 5, progress=None) -> TuneResult:
+         ops=None, iters: int = 20, warmup: int = 3, repeats: int = 5, progress=None,
+         graph_buckets=(), timers=None) -> TuneResult:
+    """Gate and time every op (see the module's docstring); ``graph_buckets`` names the buckets
+    timed under a CUDA graph, ``timers`` ({"eager": ..., "graph": ...}) replaces `TIMERS`."""
+    timers = {**TIMERS, **(timers or {})}
+    mode = {t: "graph" if name in graph_buckets else "eager"
+            for name, _ in buckets for t in tokens[name]}
 
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
@@ -489,14 +541,25 @@ def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...
                 continue
             res.us[kind] = {}
             for t in all_tokens:
-                res.us[kind][t] = time_case(impl.fn, cases[t], device, iters, warmup, repeats)
+                if mode[t] == "graph" and impl.label in res.not_capturable:
+                    continue
+                try:
+                    res.us[kind][t] = timers[mode[t]](impl.fn, cases[t], device, iters, warmup, repeats)
+                except Exception as exc:  # noqa: BLE001 - reported, and left out of graph buckets
+                    if mode[t] != "graph":
+                        raise
+                    res.not_capturable[impl.label] = f"{type(exc).__name__}: {exc}"[:300]
+                    continue
                 if progress:
-                    progress(f"{spec.name:<18} {impl.label:<28} {t:>6} tokens: {res.us[kind][t]:10.2f} us")
+                    progress(f"{spec.name:<18} {impl.label:<28} {t:>6} tokens: "
+                             f"{res.us[kind][t]:10.2f} us ({mode[t]})")
         for name, _ in buckets:
-            timed = {k: sum(v[t] for t in tokens[name]) for k, v in res.us.items()}
+            timed = {k: sum(v[t] for t in tokens[name]) for k, v in res.us.items()
+                     if all(t in v for t in tokens[name])}
             res.orders[name] = sorted(timed, key=lambda k: (timed[k], KIND_ORDER.index(k)))
     return TuneResult(tuple(buckets), tokens, shapes, str(dtype).removeprefix("torch."), str(device),
-                      {"iters": iters, "warmup": warmup, "repeats": repeats}, results)
+                      {"iters": iters, "warmup": warmup, "repeats": repeats}, results,
+                      tuple(graph_buckets))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,19 +604,27 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         f"# shapes: {result.shapes.describe()} (from {result.shapes.source}); dtype {result.dtype}",
         f"# buckets: {format_buckets(result.buckets)}; token counts timed: "
         + "; ".join(f"{n} {','.join(map(str, ts))}" for n, ts in result.tokens.items()),
-        "# timing: eager, us per call (an op's variants summed: rms_norm without and with residual),",
+        "# timing: us per call (an op's variants summed: rms_norm without and with residual),",
         f"#   median of {st['repeats']} repeats of {st['iters']} calls after {st['warmup']} warm-up calls;",
+        (f"#   under a CUDA graph in {', '.join(result.graph_buckets)} (the calls captured once, the "
+         "replays timed: what graph decode pays), eager elsewhere;" if result.graph_buckets
+         else "#   eager (launch and Python wrappers included);"),
         "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
         f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",
     ]
     for r in result.ops.values():
         for label, why in r.excluded.items():
             lines.append(f"# EXCLUDED {r.op} {label}: {why}")
+        for label, why in r.not_capturable.items():
+            lines.append(f"# NOT CAPTURABLE {r.op} {label} (left out of "
+                         f"{', '.join(result.graph_buckets)}): {why}")
     for r in result.ops.values():
         if r.skipped:
             lines.append(f"# not tuned: {r.op}: {r.skipped}")
         elif not r.orders or not any(r.orders.values()):
-            lines.append(f"# not tuned: {r.op}: every implementation failed the accuracy gate")
+            why = ("no implementation could be captured in a graph bucket either"
+                   if r.not_capturable else "every implementation failed the accuracy gate")
+            lines.append(f"# not tuned: {r.op}: {why}")
     lines.append("token_buckets:")
     lines += [f"  {name}: {'null' if hi is None else hi}" for name, hi in result.buckets]
     lines.append("op_backends:")
@@ -572,6 +643,10 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
             continue
         lines.append(f"  {r.op}:")
         for name, _ in result.buckets:
+            if not r.orders[name]:  # an empty order does not load: the platform's order stays
+                lines.append(f"    # {name}: no implementation here passed and could be timed "
+                             "(see above); the platform's order applies")
+                continue
             lines.append(f"    {name}: [{', '.join(r.orders[name])}]"
                          f"  # us at {','.join(map(str, result.tokens[name]))} tokens: {timings[name]}")
     return "\n".join(lines) + "\n"
@@ -588,6 +663,8 @@ def report(result: TuneResult) -> str:
         out.append(f"{r.op}: {orders}")
         for label, why in r.excluded.items():
             out.append(f"  EXCLUDED {label}: {why}")
+        for label, why in r.not_capturable.items():
+            out.append(f"  NOT CAPTURABLE {label} (left out of {', '.join(result.graph_buckets)}): {why}")
     return "\n".join(out)
 
 

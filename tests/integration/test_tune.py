@@ -153,6 +153,10 @@ def test_token_counts_per_bucket():
     (["--device", "nosuchdevice"], ["--device 'nosuchdevice'", "not usable"]),
     (["--model", "/nonexistent/model"], ["--model '/nonexistent/model'", "no config.json"]),
     (["--dtype", "int8"], ["--dtype", "'int8'", "bfloat16"]),
+    (["--graph-buckets", "fast", "--buckets", "decode=2;prefill"],
+     ["--graph-buckets 'fast'", "unknown bucket(s) 'fast'", "'none'", "decode, prefill"]),
+    (["--graph-buckets", "decode", "--buckets", "decode=2;prefill", "--device", "cpu"],
+     ["--graph-buckets 'decode'", "needs a CUDA device", "--graph-buckets none"]),
 ])
 def test_bad_arguments_fail_naming_the_argument(args, needles):
     proc = cli(*args)
@@ -226,3 +230,85 @@ def test_an_impl_that_writes_a_wrong_state_is_excluded(tiny_hybrid):
     assert list(r.excluded) == ["flagos(flagos)"]
     assert "output 1: max abs error" in r.excluded["flagos(flagos)"]
     assert r.orders["decode"] == ["reference"]
+
+
+SHAPES = ModelShapes(hidden=32, intermediate=48, heads=2, kv_heads=1, head_dim=16, max_positions=64)
+
+
+def test_graph_buckets_are_timed_under_a_graph_and_uncapturable_impls_leave_them(tmp_path):
+    """The graph buckets go through the graph timer (CUDA-graph replay on a GPU; a stand-in here,
+    where CUDA graphs cannot run), the rest through the eager one. An impl whose capture fails
+    is reported and left out of the graph buckets' orders only."""
+    from sglang_fl.tune import time_case
+
+    ref = ReferenceBackend().silu_and_mul
+
+    def host_reading(obj, x):  # stands for an impl that syncs with the host
+        return ref(obj, x)
+
+    calls = []
+
+    def graph_timer(fn, case, device, iters, warmup, repeats):
+        calls.append(case)
+        if fn is host_reading:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 1.0
+
+    manager = manager_with(OpImpl("silu_and_mul", "flagos", "flagos", host_reading))
+    result = tune(manager, SHAPES, BUCKETS, {"decode": (1, 2), "prefill": (8,)}, torch.float32,
+                  "cpu", ops=["silu_and_mul"], graph_buckets=("decode",),
+                  timers={"graph": graph_timer, "eager": time_case}, **FAST)
+    r = result.ops["silu_and_mul"]
+    assert r.not_capturable == {"flagos(flagos)": "RuntimeError: operation not permitted when "
+                                                  "stream is capturing"}
+    assert r.orders["decode"] == ["reference"]
+    assert set(r.orders["prefill"]) == {"flagos", "reference"}
+    assert r.us["reference"][1] == r.us["reference"][2] == 1.0  # the graph timer's numbers
+    assert set(r.us["flagos"]) == {8}  # one failed capture: its other graph count is skipped
+    assert len(calls) == 3  # reference at 1 and 2, flagos once
+    text = to_yaml(result)
+    assert "under a CUDA graph in decode" in text
+    assert ("# NOT CAPTURABLE silu_and_mul flagos(flagos) (left out of decode): RuntimeError"
+            in text)
+    out = tmp_path / "tuned.yaml"
+    out.write_text(text)
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert s.backend_order("silu_and_mul", "decode") == ("reference",)
+    assert set(s.backend_order("silu_and_mul", "prefill")) == {"flagos", "reference"}
+
+
+def test_a_graph_bucket_nothing_could_be_captured_in_keeps_the_platforms_order(tmp_path):
+    def never(fn, case, device, iters, warmup, repeats):
+        raise RuntimeError("capture failed")
+
+    result = tune(manager_with(), SHAPES, BUCKETS, {"decode": (1,), "prefill": (8,)},
+                  torch.float32, "cpu", ops=["silu_and_mul"], graph_buckets=("decode",),
+                  timers={"graph": never}, **FAST)
+    text = to_yaml(result)
+    assert "# decode: no implementation here passed and could be timed" in text
+    out = tmp_path / "tuned.yaml"
+    out.write_text(text)
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert s.backend_order("silu_and_mul", "prefill") == ("reference",)
+    assert "silu_and_mul@decode" not in s.op_backends
+
+
+def test_which_buckets_are_timed_under_a_graph():
+    from sglang_fl.cli_tune import graph_buckets
+
+    assert graph_buckets(None, BUCKETS, "cuda") == ("decode",)
+    assert graph_buckets(None, BUCKETS, "cuda:1") == ("decode",)
+    assert graph_buckets(None, BUCKETS, "cpu") == ()
+    assert graph_buckets(None, (("all", None),), "cuda") == ()
+    assert graph_buckets("none", BUCKETS, "cuda") == ()
+    assert graph_buckets("prefill,decode", BUCKETS, "cuda") == ("prefill", "decode")
+    with pytest.raises(TuneError, match="needs a CUDA device"):
+        graph_buckets("decode", BUCKETS, "npu")
+
+
+def test_the_graph_timer_refuses_a_device_without_cuda_graphs():
+    from sglang_fl.tune import build_case, time_case_graph
+
+    case = build_case("silu_and_mul", SHAPES, 1, torch.float32, "cpu")
+    with pytest.raises(TuneError, match="CUDA graph timing needs a CUDA device, not 'cpu'"):
+        time_case_graph(ReferenceBackend().silu_and_mul, case, "cpu", 2, 1, 1)
