@@ -36,6 +36,12 @@ at batch 1), and whether its greedy ids equal ``NAME``'s token for token. GPU ru
 10-25 % between runs: use 60+ repeats before reading a verdict. The run keeps the
 ``[OOT-DISPATCH]`` lines each server wrote.
 
+A configuration named ``NAME+pcg`` is ``NAME`` with the prefill CUDA graph on, spelled by the
+installed SGLang's adapter (``PREFILL_GRAPH_ON``: 0.5.11's piecewise graph with sglang-fl's ops
+as custom ops, 0.5.23's breakable graph): its paired ratio to ``NAME`` and whether its greedy
+ids equal ``NAME``'s go to ``paired_prefill_graph`` and ``greedy.prefill_graph_equals_plain``.
+Suffixes combine (``flagos-L1off+pcg+mtp`` pairs with ``flagos-L1off+pcg``).
+
 Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged against HF
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
 and prompt, equal, or where they first part HF's top-1/top-2 gap, its margin over the served
@@ -132,20 +138,46 @@ CONFIGS = {
 MTP_SUFFIX = "+mtp"
 MTP_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+#: ``NAME+pcg``: NAME with the prefill CUDA graph on, as the installed SGLang spells it (its
+#: adapter's ``PREFILL_GRAPH_ON``: 0.5.11's piecewise graph with sglang-fl's custom ops, 0.5.23's
+#: breakable graph).
+PCG_SUFFIX = "+pcg"
+#: Variant suffixes, combinable (``flagos-L1off+pcg+mtp``); each variant is paired with its
+#: plain twin (the name without its last suffix), and its greedy ids compared with the twin's.
+SUFFIXES = (MTP_SUFFIX, PCG_SUFFIX)
+
+
+def variant(suffix):
+    """(env, server args) that the variant ``suffix`` adds."""
+    if suffix == MTP_SUFFIX:
+        return {}, list(MTP_ARGS)
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    env, flags = get_adapter().PREFILL_GRAPH_ON
+    return dict(env), list(flags)
 
 
 def resolve_configs(names, extra=()):
-    """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, ``NAME+mtp``
-    variants of them and ``--extra-config`` ones; an unknown name is refused naming the known."""
+    """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, their variants
+    (``NAME+mtp``, ``NAME+pcg``, in any combination) and ``--extra-config`` ones; an unknown
+    name is refused naming the known."""
     extras = dict(parse_config(text) for text in extra)
     known = {**CONFIGS, **extras}
     out = {}
     for name in [*(names or known), *extras]:  # an extra configuration is always run
-        base = name.removesuffix(MTP_SUFFIX)
+        base, added = name, []
+        while (twin := e2e_plan.twin_of(base, SUFFIXES)) is not None and base not in known:
+            added.insert(0, base[len(twin):])
+            base = twin
         if base not in known:
             raise SystemExit(f"--configs: unknown configuration {name!r}; known: "
-                             f"{', '.join(known)} (each also as NAME{MTP_SUFFIX})")
-        out.setdefault(name, (known[base], MTP_ARGS if name.endswith(MTP_SUFFIX) else []))
+                             f"{', '.join(known)} (each also as NAME{MTP_SUFFIX}, NAME{PCG_SUFFIX})")
+        env, flags = dict(known[base]), []
+        for suffix in added:
+            more_env, more_flags = variant(suffix)
+            env.update(more_env)
+            flags += more_flags
+        out.setdefault(name, (env, flags))
     return out
 
 
@@ -302,7 +334,7 @@ def plan_memory(model, configs, anchor, fraction):
             for name, (_, extra) in configs.items()}
         groups = e2e_plan.plan_groups(
             names, anchor, needs, free, total, fraction=fraction,
-            units=lambda n, a: e2e_plan.twin_units(n, a, MTP_SUFFIX))
+            units=lambda n, a: e2e_plan.twin_units(n, a, SUFFIXES))
     except e2e_plan.MemoryPlanError as exc:
         raise SystemExit(f"e2e_bench: {exc}") from None
     record = {"free_bytes": free, "total_bytes": total, "weights_bytes": weights,
@@ -435,23 +467,33 @@ def paired_to_anchor(results, anchor=ANCHOR):
     return {name: _paired(res, results[anchor]) for name, res in results.items() if name != anchor}
 
 
-def paired_speculation(results):
-    """{NAME+mtp: {metric: paired summary vs NAME}} for each speculative configuration whose
-    plain twin ran."""
-    return {name: _paired(res, results[name.removesuffix(MTP_SUFFIX)])
+def paired_twins(results, suffix):
+    """{NAME+suffix: {metric: paired summary vs NAME}} for each such configuration whose plain
+    twin ran."""
+    return {name: _paired(res, results[name.removesuffix(suffix)])
             for name, res in results.items()
-            if name.endswith(MTP_SUFFIX) and name.removesuffix(MTP_SUFFIX) in results}
+            if name.endswith(suffix) and name.removesuffix(suffix) in results}
 
 
-def speculation_exact(greedy):
-    """{NAME+mtp: whether its greedy ids equal NAME's, prompt by prompt} (None: one failed)."""
+def paired_speculation(results):
+    """{NAME+mtp: {metric: paired summary vs NAME}}."""
+    return paired_twins(results, MTP_SUFFIX)
+
+
+def twin_exact(greedy, suffix):
+    """{NAME+suffix: whether its greedy ids equal NAME's, prompt by prompt} (None: one failed)."""
     out = {}
     for name, ids in greedy.items():
-        plain = greedy.get(name.removesuffix(MTP_SUFFIX))
-        if name.endswith(MTP_SUFFIX) and plain is not None:
+        plain = greedy.get(name.removesuffix(suffix))
+        if name.endswith(suffix) and plain is not None:
             out[name] = ([list(a) == list(b) for a, b in zip(ids, plain, strict=True)]
                          if isinstance(ids, list) and isinstance(plain, list) else None)
     return out
+
+
+def speculation_exact(greedy):
+    """{NAME+mtp: whether its greedy ids equal NAME's, prompt by prompt}."""
+    return twin_exact(greedy, MTP_SUFFIX)
 
 
 def report_failure(name, stage, exc, log, keep_dir):
@@ -479,7 +521,8 @@ def main(argv=None):
                     "beside it as server-<config>-failed.log (in --log-dir without --out)")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/e2e-logs"))
     ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS)
-                    + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding)")
+                    + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding, and as "
+                    f"NAME{PCG_SUFFIX}: with the prefill CUDA graph on)")
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
     ap.add_argument("--anchor", default=None, help="configuration the paired ratios divide by, "
@@ -583,12 +626,14 @@ def main(argv=None):
         doc["results"] = collect_results(run["runs"], run["rep_group"])
         doc["paired"] = paired_to_anchor(doc["results"], anchor)
         doc["paired_speculation"] = paired_speculation(doc["results"])
+        doc["paired_prefill_graph"] = paired_twins(doc["results"], PCG_SUFFIX)
     finally:
         doc["start_errors"] = run["errors"]
         # Greedy ids against HF transformers on the same weights, from the measured servers.
         doc["greedy"] = {"prompts": greedy_prompts, "servers": run["greedy"],
                          "served_by": "the measured servers (flags: servers.<config>.args)",
-                         "speculative_equals_plain": speculation_exact(run["greedy"])}
+                         "speculative_equals_plain": speculation_exact(run["greedy"]),
+                         "prefill_graph_equals_plain": twin_exact(run["greedy"], PCG_SUFFIX)}
         doc["dispatch_log"] = {}
         for name, i in index.items():
             p = args.log_dir / f"dispatch-{i}.log"
@@ -678,6 +723,14 @@ def table(doc):
             lines.append(f"| {name} | {_ratios(paired)} | "
                          + (f"{acc['median']:.2f} ({acc['min']:.2f}-{acc['max']:.2f})" if acc else "-")
                          + " | " + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
+    if doc.get("paired_prefill_graph"):
+        exact = doc.get("greedy", {}).get("prefill_graph_equals_plain", {})
+        lines += ["", "| prefill CUDA graph | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
+                  "greedy ids = plain twin |", "|---|---|---|"]
+        for name, paired in doc["paired_prefill_graph"].items():
+            same = exact.get(name)
+            lines.append(f"| {name} | {_ratios(paired)} | "
+                         + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
     return "\n".join(lines + ["", greedy_table(doc)])
 
 

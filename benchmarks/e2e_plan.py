@@ -187,24 +187,43 @@ def footprint(need: ServerNeed, free: int, fraction: float | None = None) -> tup
     return fraction, static + need.activations
 
 
-def twin_units(names: Sequence[str], anchor: str, suffix: str) -> list[list[str]]:
-    """The non-anchor configurations in order, a ``NAME+suffix`` kept in one unit with its
-    plain twin ``NAME`` (their paired ratio needs them in the same repeats); the anchor's twin
-    is a unit alone, since the anchor is in every group."""
-    units: list[list[str]] = []
-    placed: set[str] = set()
-    for name in names:
-        if name == anchor or name in placed:
-            continue
-        unit = [name]
-        if not name.endswith(suffix) and name + suffix in names and name + suffix != anchor:
-            unit.append(name + suffix)
-        elif name.endswith(suffix) and name.removesuffix(suffix) in names \
-                and name.removesuffix(suffix) != anchor:
-            unit.insert(0, name.removesuffix(suffix))
-        units.append(unit)
-        placed.update(unit)
-    return units
+def twin_of(name: str, suffixes: Sequence[str]) -> str | None:
+    """``NAME`` for ``NAME+suffix`` (its last variant suffix stripped), else None."""
+    for suffix in suffixes:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name.removesuffix(suffix)
+    return None
+
+
+def twin_units(names: Sequence[str], anchor: str, suffixes: str | Sequence[str]) -> list[list[str]]:
+    """The non-anchor configurations in order, each ``NAME+suffix`` kept in one unit with its
+    plain twin ``NAME`` (their paired ratio needs them in the same repeats), transitively
+    (``a``, ``a+pcg``, ``a+pcg+mtp``); the anchor's twins are units alone, since the anchor is
+    in every group."""
+    suffixes = (suffixes,) if isinstance(suffixes, str) else tuple(suffixes)
+    present = [n for n in names if n != anchor]
+    root = {n: n for n in present}
+
+    def find(n):
+        while root[n] != n:
+            n = root[n]
+        return n
+
+    for name in present:
+        twin = twin_of(name, suffixes)
+        if twin in root:
+            root[find(name)] = find(twin)
+    def depth(n):  # plain twin first, then its variants
+        d = 0
+        while (n := twin_of(n, suffixes)) is not None:
+            d += 1
+        return d
+
+    units: dict[str, list[str]] = {}
+    for name in present:
+        units.setdefault(find(name), []).append(name)
+    return sorted((sorted(unit, key=lambda n: (depth(n), present.index(n))) for unit in units.values()),
+                  key=lambda unit: min(present.index(n) for n in unit))
 
 
 def _fits(names: Sequence[str], needs: Mapping[str, ServerNeed], free: int,

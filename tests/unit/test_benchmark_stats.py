@@ -48,6 +48,42 @@ def test_e2e_pairs_only_repeats_both_configurations_completed():
     assert "0.500 [0.500-0.500]" in e2e_bench.table(doc)
 
 
+def test_prefill_graph_variants_use_the_installed_sglangs_spelling_and_combine():
+    import e2e_bench
+    import e2e_plan
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    env_on, flags_on = get_adapter().PREFILL_GRAPH_ON
+    configs = e2e_bench.resolve_configs(["flagos-L1off", "flagos-L1off+pcg",
+                                         "flagos-L1off+pcg+mtp"])
+    flagos_env = e2e_bench.CONFIGS["flagos-L1off"]
+    assert configs["flagos-L1off+pcg"] == ({**flagos_env, **dict(env_on)}, list(flags_on))
+    assert configs["flagos-L1off+pcg+mtp"] == ({**flagos_env, **dict(env_on)},
+                                               [*flags_on, *e2e_bench.MTP_ARGS])
+    assert configs["flagos-L1off"] == (flagos_env, [])
+    with pytest.raises(SystemExit, match="unknown configuration 'nope\\+pcg'.*NAME\\+pcg"):
+        e2e_bench.resolve_configs(["nope+pcg"])
+    # twins stay in one group (their ratio is paired), a chain too
+    assert e2e_plan.twin_units(list(configs) + ["native-L1off"], "native-L1off",
+                               e2e_bench.SUFFIXES) == [list(configs)]
+
+    def res(values):
+        return {k: e2e_bench.summarize(list(values), [0, 1]) for k in e2e_bench.METRICS}
+
+    results = {"flagos-L1off": res([10.0, 10.0]), "flagos-L1off+pcg": res([12.0, 13.0])}
+    paired = e2e_bench.paired_twins(results, e2e_bench.PCG_SUFFIX)
+    assert paired["flagos-L1off+pcg"]["prefill_tok_s"]["median"] == pytest.approx(1.25)
+    assert e2e_bench.paired_speculation(results) == {}
+    greedy = {"flagos-L1off": [[1, 2], [3, 4]], "flagos-L1off+pcg": [[1, 2], [3, 5]]}
+    exact = e2e_bench.twin_exact(greedy, e2e_bench.PCG_SUFFIX)
+    assert exact == {"flagos-L1off+pcg": [True, False]}
+    doc = {"results": results, "paired": {}, "greedy": {"prefill_graph_equals_plain": exact},
+           "start_errors": {}, "paired_prefill_graph": paired}
+    assert "| flagos-L1off+pcg | 1.250 [" in e2e_bench.table(doc)
+    assert "1/2 prompts" in e2e_bench.table(doc)
+
+
 def test_mtp_configurations_pair_with_their_plain_twin():
     import e2e_bench
 

@@ -304,6 +304,12 @@ class SGLangAdapter:
     #: The server option (and value) that turns the prefill CUDA graph off (the command-line
     #: spelling; a platform default goes through `prefill_graph_off_default`).
     PREFILL_GRAPH_OFF: tuple[str, object] = ("disable_piecewise_cuda_graph", True)
+    #: How a benchmark turns the prefill CUDA graph on (e2e_bench's ``NAME+pcg``): environment
+    #: and server flags. Here SGLang's piecewise CUDA graph, built on torch.compile: forced on
+    #: (the platform default turns it off), with sglang-fl's ops as opaque custom ops so that
+    #: dynamo never traces FlagGems (docs/performance.md, "Custom ops").
+    PREFILL_GRAPH_ON: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = (
+        (("SGLANG_FL_CUSTOM_OPS", "1"),), ("--enforce-piecewise-cuda-graph",))
     #: The option capping the batch sizes captured by the decode CUDA graph.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
 

@@ -151,6 +151,9 @@ class SGLang0523(SGLangAdapter):
     CPU_PAGED_KV = True
     # Piecewise CUDA graph (torch.compile) is gone; the prefill phase has its own graph backend.
     PREFILL_GRAPH_OFF = ("cuda_graph_backend_prefill", "disabled")
+    # The breakable CUDA graph (SGLang's CUDA default) captures the kernels directly, with eager
+    # breaks at attention: no torch.compile, so no custom ops. It needs cuda-python.
+    PREFILL_GRAPH_ON = ((), ("--cuda-graph-backend-prefill", "breakable"))
 
     def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
         """Platform defaults run after SGLang folded ``cuda_graph_backend_prefill`` into the
