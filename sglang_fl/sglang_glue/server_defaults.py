@@ -125,4 +125,8 @@ def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
         setattr(server_args, name, value)
         changed[name] = (value, why)
         logger.info("server default: %s=%r (%s; pass the option to override)", name, value, why)
+    if settings.platform == "cuda":
+        problems = adapter.graph_backend_problems(server_args)
+        if problems:
+            raise ValueError("; ".join(problems))
     return changed

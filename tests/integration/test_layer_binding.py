@@ -252,8 +252,12 @@ def test_the_prefill_graph_default_reaches_what_sglang_reads_on_cuda(sglang_with
 
     from sglang.srt.model_executor import cuda_graph_config
 
-    # SGLang's default on a CUDA host (this one has none): the breakable prefill graph.
+    from sglang_fl.dispatch import backends
+
+    # SGLang's default on a CUDA host (this one has none): the breakable prefill graph; and
+    # cuda-python, which it needs, as a GPU install of SGLang 0.5.23 has it.
     monkeypatch.setattr(cuda_graph_config, "default_prefill_backend", lambda: "breakable")
+    monkeypatch.setattr(backends, "real_module_available", lambda name: (True, ""))
 
     def prefill_backend(**options):
         args = ServerArgs(model_path="dummy", **options)
@@ -265,6 +269,12 @@ def test_the_prefill_graph_default_reaches_what_sglang_reads_on_cuda(sglang_with
     assert prefill_backend() == ("disabled", "full")  # decode graphs stay on
     assert prefill_backend(cuda_graph_backend_prefill="breakable") == ("breakable", "full")
     assert prefill_backend(cuda_graph_backend_prefill="disabled") == ("disabled", "full")
+    # Without cuda-python a chosen breakable graph stops the start with the reason.
+    monkeypatch.setattr(backends, "real_module_available",
+                        lambda name: (False, f"{name} is not installed"))
+    with pytest.raises(ValueError, match="breakable CUDA graph .prefill. needs cuda-python"):
+        prefill_backend(cuda_graph_backend_prefill="breakable")
+    assert prefill_backend() == ("disabled", "full")  # sglang-fl's default needs none
 
 
 def test_empty_mode_cuda_defaults_keep_the_gdn_kernels_off_flashinfer(sglang_with_plugin):

@@ -188,3 +188,32 @@ def _installed(dist: str) -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+def test_a_breakable_cuda_graph_without_cuda_python_is_refused_naming_the_package(monkeypatch):
+    """0.5.23's breakable graph needs cuda.bindings; without it the server must stop at start
+    with the package and the option that avoids it, never assert deep in a capture."""
+    from types import SimpleNamespace
+
+    from sglang_fl.dispatch import backends
+    from sglang_fl.sglang_glue.adapters import v0_5_11, v0_5_23
+
+    adapter = v0_5_23.ADAPTER
+
+    def args(prefill, decode="full"):
+        return SimpleNamespace(cuda_graph_config=SimpleNamespace(
+            prefill=SimpleNamespace(backend=prefill), decode=SimpleNamespace(backend=decode)))
+
+    monkeypatch.setattr(backends, "real_module_available",
+                        lambda name: (False, f"{name} is not installed"))
+    problems = adapter.graph_backend_problems(args("breakable"))
+    assert len(problems) == 1
+    for needle in ("breakable CUDA graph (prefill)", "cuda-python", "cuda.bindings.runtime is not "
+                   "installed", "--cuda-graph-backend-prefill disabled"):
+        assert needle in problems[0], problems
+    assert "decode" in adapter.graph_backend_problems(args("disabled", "breakable"))[0]
+    assert adapter.graph_backend_problems(args("disabled")) == []  # sglang-fl's default
+    assert adapter.graph_backend_problems(SimpleNamespace()) == []  # not resolved: nothing chosen
+    assert v0_5_11.ADAPTER.graph_backend_problems(args("breakable")) == []  # no such graph there
+    monkeypatch.setattr(backends, "real_module_available", lambda name: (True, ""))
+    assert adapter.graph_backend_problems(args("breakable", "breakable")) == []

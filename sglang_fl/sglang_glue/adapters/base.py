@@ -313,6 +313,12 @@ class SGLangAdapter:
     #: The option capping the batch sizes captured by the decode CUDA graph.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
 
+    def graph_backend_problems(self, server_args) -> list[str]:
+        """Why the CUDA graph backends the resolved ``server_args`` chose cannot run here (none:
+        they can). Checked on CUDA after the platform defaults, so that SGLang stops at start
+        with the reason, not deep in a capture."""
+        return []
+
     def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
         """The field (and value) a platform default writes to turn the prefill CUDA graph
         off, None when it is off already. Here the option itself: 0.5.11 applies platform

@@ -155,6 +155,24 @@ class SGLang0523(SGLangAdapter):
     # breaks at attention: no torch.compile, so no custom ops. It needs cuda-python.
     PREFILL_GRAPH_ON = ((), ("--cuda-graph-backend-prefill", "breakable"))
 
+    def graph_backend_problems(self, server_args) -> list[str]:
+        """The breakable CUDA graph queries stream capture through cuda-python (``cuda.bindings``,
+        a requirement of SGLang 0.5.23). Without it the capture ends in ``assert graph is not
+        None``, which hides the ImportError (H200, 2026-12-03, a bundle without cuda-python)."""
+        from sglang_fl.dispatch.backends import real_module_available
+
+        config = getattr(server_args, "cuda_graph_config", None)
+        phases = [phase for phase in ("prefill", "decode")
+                  if getattr(getattr(config, phase, None), "backend", None) == "breakable"]
+        if not phases:
+            return []
+        ok, why = real_module_available("cuda.bindings.runtime")
+        if ok:
+            return []
+        return [f"the breakable CUDA graph ({', '.join(phases)}) needs cuda-python "
+                f"(cuda.bindings), and here {why}: install cuda-python, which SGLang 0.5.23 "
+                "requires, or pass " + " ".join(f"--cuda-graph-backend-{p} disabled" for p in phases)]
+
     def prefill_graph_off_default(self, server_args) -> tuple[str, object] | None:
         """Platform defaults run after SGLang folded ``cuda_graph_backend_prefill`` into the
         resolved ``cuda_graph_config`` (its pipeline: ``handle_cuda_graph_config``, then
