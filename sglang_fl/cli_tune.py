@@ -12,8 +12,10 @@ DTYPES = ("bfloat16", "float16", "float32")
 def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser(
         "tune", help="time every op's implementations per token bucket here; write the orders as YAML")
-    p.add_argument("--model", help="Hugging Face model directory (or its config.json) whose shapes "
-                                   "to time (default: Qwen2.5-0.5B's)")
+    p.add_argument("--model", action="append",
+                   help="Hugging Face model directory (or its config.json) whose shapes to time "
+                        "(default: Qwen2.5-0.5B's); repeat it for several models: each op is "
+                        "timed on every model that uses it, and ordered by the summed time")
     p.add_argument("--out", type=Path, help="YAML file to write (default: stdout)")
     p.add_argument("--buckets", help="token buckets, e.g. 'decode=64;prefill' (default: the "
                                      "token_buckets setting)")
@@ -84,7 +86,7 @@ def parse_args(args):
         torch.empty(1, device=device)
     except (RuntimeError, ValueError) as exc:
         raise TuneError(f"--device {device!r}: not usable here ({exc})") from None
-    shapes = ModelShapes.from_model(args.model) if args.model else ModelShapes()
+    shapes = [ModelShapes.from_model(m) for m in args.model] if args.model else [ModelShapes()]
     return dict(shapes=shapes, buckets=buckets, tokens=tokens, dtype=getattr(torch, args.dtype),
                 device=device, ops=ops, iters=args.iters, warmup=args.warmup, repeats=args.repeats,
                 graph_buckets=graph_buckets(args.graph_buckets, buckets, device))

@@ -443,7 +443,7 @@ class OpResult:
 class TuneResult:
     buckets: tuple[tuple[str, int | None], ...]
     tokens: dict[str, tuple[int, ...]]
-    shapes: ModelShapes
+    shapes: tuple[ModelShapes, ...]  # every model timed; an op's time sums over those using it
     dtype: str
     device: str
     settings: dict
@@ -497,12 +497,16 @@ def pick_per_kind(manager, op: str) -> dict[str, object]:
     return out
 
 
-def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, device,
+def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, device,
          ops=None, iters: int = 20, warmup: int = 3, repeats: int = 5, progress=None,
          graph_buckets=(), timers=None) -> TuneResult:
-    """Gate and time every op (see the module's docstring); ``graph_buckets`` names the buckets
-    timed under a CUDA graph, ``timers`` ({"eager": ..., "graph": ...}) replaces `TIMERS`."""
+    """Gate and time every op (see the module's docstring) on the shapes of one model or of
+    several (a `ModelShapes` or a sequence: a platform YAML serves them all, so an op's order
+    comes from its time summed over the models that use it); ``graph_buckets`` names the
+    buckets timed under a CUDA graph, ``timers`` ({"eager": ..., "graph": ...}) replaces
+    `TIMERS`."""
     timers = {**TIMERS, **(timers or {})}
+    models = (shapes,) if isinstance(shapes, ModelShapes) else tuple(shapes)
     mode = {t: "graph" if name in graph_buckets else "eager"
             for name, _ in buckets for t in tokens[name]}
 
@@ -525,11 +529,14 @@ def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...
         all_tokens = [t for name, _ in buckets for t in tokens[name]]
         cases = {}
         for t in all_tokens:
-            case = build_case(spec.name, shapes, t, dtype, device)
-            if case is None:
-                res.skipped = UNUSED[spec.name]
+            # One case over every model that uses the op: its variants side by side, so the
+            # gate covers each model's shapes and the time is their sum.
+            built = [c for c in (build_case(spec.name, m, t, dtype, device) for m in models) if c]
+            if not built:
+                res.skipped = UNUSED[spec.name] if len(models) == 1 else (
+                    f"none of the {len(models)} models uses it ({UNUSED[spec.name]})")
                 break
-            cases[t] = case
+            cases[t] = Case([v for c in built for v in c.variants], built[0].canon, built[0].inplace)
         if res.skipped:
             continue
         for kind, impl in per_kind.items():
@@ -557,7 +564,7 @@ def tune(manager, shapes: ModelShapes, buckets, tokens: dict[str, tuple[int, ...
             timed = {k: sum(v[t] for t in tokens[name]) for k, v in res.us.items()
                      if all(t in v for t in tokens[name])}
             res.orders[name] = sorted(timed, key=lambda k: (timed[k], KIND_ORDER.index(k)))
-    return TuneResult(tuple(buckets), tokens, shapes, str(dtype).removeprefix("torch."), str(device),
+    return TuneResult(tuple(buckets), tokens, models, str(dtype).removeprefix("torch."), str(device),
                       {"iters": iters, "warmup": warmup, "repeats": repeats}, results,
                       tuple(graph_buckets))
 
@@ -601,7 +608,9 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         f"# device: {device_name(result.device)}",
         f"# versions: torch {torch.__version__}, sglang {_version('sglang')}, flag_gems "
         f"{_version('flag_gems')}, triton {_version('triton')}, sglang-fl {_version('sglang_fl')}",
-        f"# shapes: {result.shapes.describe()} (from {result.shapes.source}); dtype {result.dtype}",
+        *(f"# shapes: {m.describe()} (from {m.source})" for m in result.shapes),
+        f"# dtype: {result.dtype}"
+        + ("; an op's time is summed over the models that use it" if len(result.shapes) > 1 else ""),
         f"# buckets: {format_buckets(result.buckets)}; token counts timed: "
         + "; ".join(f"{n} {','.join(map(str, ts))}" for n, ts in result.tokens.items()),
         "# timing: us per call (an op's variants summed: rms_norm without and with residual),",

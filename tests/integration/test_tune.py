@@ -59,7 +59,7 @@ def test_tune_over_the_tiny_model_writes_a_yaml_settings_load(tiny_moe, tmp_path
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     for needle in ("# device: cpu", "# versions: torch " + torch.__version__, "sglang ", "flag_gems ",
-                   "# date: ", "hidden 64", "8 experts top-2", str(tiny_moe), "dtype bfloat16",
+                   "# date: ", "hidden 64", "8 experts top-2", str(tiny_moe), "# dtype: bfloat16",
                    "decode 1,2; prefill 8", "not tuned: mrotary_embedding: the model has no mRoPE"):
         assert needle in text, (needle, text)
     s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
@@ -312,3 +312,43 @@ def test_the_graph_timer_refuses_a_device_without_cuda_graphs():
     case = build_case("silu_and_mul", SHAPES, 1, torch.float32, "cpu")
     with pytest.raises(TuneError, match="CUDA graph timing needs a CUDA device, not 'cpu'"):
         time_case_graph(ReferenceBackend().silu_and_mul, case, "cpu", 2, 1, 1)
+
+
+def test_several_models_each_op_on_those_that_use_it(tiny_moe, tiny_hybrid, tmp_path):
+    """One YAML for a platform that serves a dense MoE model and a hybrid: MoE ops come from the
+    MoE model, GDN ops from the hybrid, the shared ops from both (their variants side by side,
+    so the gate sees both models' shapes and the time is summed)."""
+    from sglang_fl.tune import GDN
+
+    out = tmp_path / "tuned.yaml"
+    proc = cli("--model", str(tiny_moe), "--model", str(tiny_hybrid), "--buckets", "decode=2;prefill",
+               "--tokens", "1,8", "--iters", "1", "--warmup", "0", "--repeats", "1",
+               "--ops", "rms_norm,topk," + ",".join(GDN), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.count("# shapes: ") == 2 and str(tiny_moe) in text and str(tiny_hybrid) in text
+    assert "summed over the models that use it" in text
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    for op in ("rms_norm", "topk", *GDN):
+        assert s.backend_order(op, "prefill") == ("reference",), op
+
+
+def test_an_impl_wrong_on_one_models_shapes_is_excluded():
+    ref = ReferenceBackend().silu_and_mul
+
+    def wrong_when_wide(obj, x):
+        out = ref(obj, x)
+        return out * 1.05 if x.shape[-1] > 100 else out
+
+    wide = ModelShapes(hidden=32, intermediate=96, heads=2, kv_heads=1, head_dim=16, max_positions=64)
+    manager = manager_with(OpImpl("silu_and_mul", "flagos", "flagos", wrong_when_wide))
+    alone = tune(manager, SHAPES, BUCKETS, {"decode": (1,), "prefill": (4,)}, torch.float32,
+                 "cpu", ops=["silu_and_mul"], **FAST)
+    assert not alone.ops["silu_and_mul"].excluded
+    both = tune(manager, [SHAPES, wide], BUCKETS, {"decode": (1,), "prefill": (4,)},
+                torch.float32, "cpu", ops=["silu_and_mul"], **FAST)
+    assert list(both.ops["silu_and_mul"].excluded) == ["flagos(flagos)"]
+    assert "variant 1" in both.ops["silu_and_mul"].excluded["flagos(flagos)"]
+    unused = tune(manager, [SHAPES, wide], BUCKETS, {"decode": (1,), "prefill": (4,)},
+                  torch.float32, "cpu", ops=["topk"], **FAST)
+    assert unused.ops["topk"].skipped == "none of the 2 models uses it (the model has no experts)"
