@@ -124,7 +124,11 @@ def cmd_tune(args) -> int:
     except TuneError as exc:
         print(f"sglang-fl tune: {exc}", file=sys.stderr)
         return 2
-    result = tune(get_manager(), **inputs, progress=lambda line: print(line, file=sys.stderr))
+    try:
+        result = tune(get_manager(), **inputs, progress=lambda line: print(line, file=sys.stderr))
+    except TuneError as exc:  # the run could not go on (a CUDA context lost to a failed capture)
+        print(f"sglang-fl tune: {exc}", file=sys.stderr)
+        return 1
     text = to_yaml(result)
     print(report(result), file=sys.stderr)
     if args.out is None:

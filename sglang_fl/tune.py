@@ -423,6 +423,22 @@ def time_case_graph(fn, case: Case, device, iters: int, warmup: int, repeats: in
 TIMERS = {"eager": time_case, "graph": time_case_graph}
 
 
+def _check_device_after_capture(device, op: str, label: str) -> None:
+    """A failed capture can leave the CUDA context unusable (a sticky error): then every later
+    timing would fail or lie, so stop with what to do instead."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize()
+        (torch.ones(1, device=device) + 1).item()
+    except Exception as exc:  # noqa: BLE001
+        raise TuneError(f"the CUDA context is unusable after {op} {label} failed its graph capture "
+                        f"({type(exc).__name__}: {exc}); rerun with --graph-buckets none, or with "
+                        f"--ops leaving {op} out") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # The tuner
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +572,7 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
                     if mode[t] != "graph":
                         raise
                     res.not_capturable[impl.label] = f"{type(exc).__name__}: {exc}"[:300]
+                    _check_device_after_capture(device, spec.name, impl.label)
                     continue
                 if progress:
                     progress(f"{spec.name:<18} {impl.label:<28} {t:>6} tokens: "
