@@ -352,3 +352,14 @@ def test_an_impl_wrong_on_one_models_shapes_is_excluded():
     unused = tune(manager, [SHAPES, wide], BUCKETS, {"decode": (1,), "prefill": (4,)},
                   torch.float32, "cpu", ops=["topk"], **FAST)
     assert unused.ops["topk"].skipped == "none of the 2 models uses it (the model has no experts)"
+
+
+def test_a_context_broken_by_a_failed_capture_stops_the_run_with_what_to_do():
+    """Where the device no longer answers after a failed capture (here: a CUDA device on a host
+    without one), tune stops instead of timing the next ops on a broken context."""
+    from sglang_fl.tune import _check_device_after_capture
+
+    _check_device_after_capture("cpu", "rms_norm", "flagos(flagos)")  # nothing to check
+    with pytest.raises(TuneError, match="unusable after rms_norm flagos.flagos. failed its graph "
+                                        "capture.*--graph-buckets none.*--ops leaving rms_norm out"):
+        _check_device_after_capture("cuda", "rms_norm", "flagos(flagos)")
