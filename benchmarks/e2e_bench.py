@@ -40,7 +40,9 @@ A configuration named ``NAME+pcg`` is ``NAME`` with the prefill CUDA graph on, s
 installed SGLang's adapter (``PREFILL_GRAPH_ON``: 0.5.11's piecewise graph with sglang-fl's ops
 as custom ops, 0.5.23's breakable graph): its paired ratio to ``NAME`` and whether its greedy
 ids equal ``NAME``'s go to ``paired_prefill_graph`` and ``greedy.prefill_graph_equals_plain``.
-Suffixes combine (``flagos-L1off+pcg+mtp`` pairs with ``flagos-L1off+pcg``).
+``NAME+noradix`` is ``NAME`` with ``--disable-radix-cache`` (``paired_no_radix_cache``): what
+the radix cache costs per step on the host. Suffixes combine (``flagos-L1off+pcg+mtp`` pairs
+with ``flagos-L1off+pcg``).
 
 Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged against HF
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
@@ -142,15 +144,21 @@ MTP_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
 #: adapter's ``PREFILL_GRAPH_ON``: 0.5.11's piecewise graph with sglang-fl's custom ops, 0.5.23's
 #: breakable graph).
 PCG_SUFFIX = "+pcg"
+#: ``NAME+noradix``: NAME without the radix cache, to tell its host-side cost per step apart
+#: (0.5.23 serves SGLang's Python TreeCore where its Rust one cannot run: compat ledger
+#: fix:rust_tree_core).
+NORADIX_SUFFIX = "+noradix"
 #: Variant suffixes, combinable (``flagos-L1off+pcg+mtp``); each variant is paired with its
 #: plain twin (the name without its last suffix), and its greedy ids compared with the twin's.
-SUFFIXES = (MTP_SUFFIX, PCG_SUFFIX)
+SUFFIXES = (MTP_SUFFIX, PCG_SUFFIX, NORADIX_SUFFIX)
 
 
 def variant(suffix):
     """(env, server args) that the variant ``suffix`` adds."""
     if suffix == MTP_SUFFIX:
         return {}, list(MTP_ARGS)
+    if suffix == NORADIX_SUFFIX:
+        return {}, ["--disable-radix-cache"]
     from sglang_fl.sglang_glue.adapters import get_adapter
 
     env, flags = get_adapter().PREFILL_GRAPH_ON
@@ -171,7 +179,7 @@ def resolve_configs(names, extra=()):
             base = twin
         if base not in known:
             raise SystemExit(f"--configs: unknown configuration {name!r}; known: "
-                             f"{', '.join(known)} (each also as NAME{MTP_SUFFIX}, NAME{PCG_SUFFIX})")
+                             f"{', '.join(known)} (each also as NAME" + ", NAME".join(SUFFIXES) + ")")
         env, flags = dict(known[base]), []
         for suffix in added:
             more_env, more_flags = variant(suffix)
@@ -521,8 +529,9 @@ def main(argv=None):
                     "beside it as server-<config>-failed.log (in --log-dir without --out)")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/e2e-logs"))
     ap.add_argument("--configs", help="comma-separated subset of: " + "; ".join(CONFIGS)
-                    + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding, and as "
-                    f"NAME{PCG_SUFFIX}: with the prefill CUDA graph on)")
+                    + f" (each also as NAME{MTP_SUFFIX}: with MTP speculative decoding, "
+                    f"NAME{PCG_SUFFIX}: with the prefill CUDA graph on, NAME{NORADIX_SUFFIX}: "
+                    "without the radix cache; combinable)")
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
     ap.add_argument("--anchor", default=None, help="configuration the paired ratios divide by, "
@@ -627,6 +636,7 @@ def main(argv=None):
         doc["paired"] = paired_to_anchor(doc["results"], anchor)
         doc["paired_speculation"] = paired_speculation(doc["results"])
         doc["paired_prefill_graph"] = paired_twins(doc["results"], PCG_SUFFIX)
+        doc["paired_no_radix_cache"] = paired_twins(doc["results"], NORADIX_SUFFIX)
     finally:
         doc["start_errors"] = run["errors"]
         # Greedy ids against HF transformers on the same weights, from the measured servers.
@@ -723,11 +733,15 @@ def table(doc):
             lines.append(f"| {name} | {_ratios(paired)} | "
                          + (f"{acc['median']:.2f} ({acc['min']:.2f}-{acc['max']:.2f})" if acc else "-")
                          + " | " + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
-    if doc.get("paired_prefill_graph"):
-        exact = doc.get("greedy", {}).get("prefill_graph_equals_plain", {})
-        lines += ["", "| prefill CUDA graph | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
+    served = doc.get("greedy", {}).get("servers", {})
+    for key, title, suffix in (("paired_prefill_graph", "prefill CUDA graph", PCG_SUFFIX),
+                               ("paired_no_radix_cache", "radix cache off", NORADIX_SUFFIX)):
+        if not doc.get(key):
+            continue
+        exact = twin_exact(served, suffix)
+        lines += ["", f"| {title} | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
                   "greedy ids = plain twin |", "|---|---|---|"]
-        for name, paired in doc["paired_prefill_graph"].items():
+        for name, paired in doc[key].items():
             same = exact.get(name)
             lines.append(f"| {name} | {_ratios(paired)} | "
                          + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")

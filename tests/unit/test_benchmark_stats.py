@@ -62,7 +62,7 @@ def test_prefill_graph_variants_use_the_installed_sglangs_spelling_and_combine()
     assert configs["flagos-L1off+pcg+mtp"] == ({**flagos_env, **dict(env_on)},
                                                [*flags_on, *e2e_bench.MTP_ARGS])
     assert configs["flagos-L1off"] == (flagos_env, [])
-    with pytest.raises(SystemExit, match="unknown configuration 'nope\\+pcg'.*NAME\\+pcg"):
+    with pytest.raises(SystemExit, match="unknown configuration 'nope\\+pcg'.*NAME\\+pcg, NAME\\+noradix"):
         e2e_bench.resolve_configs(["nope+pcg"])
     # twins stay in one group (their ratio is paired), a chain too
     assert e2e_plan.twin_units(list(configs) + ["native-L1off"], "native-L1off",
@@ -78,10 +78,14 @@ def test_prefill_graph_variants_use_the_installed_sglangs_spelling_and_combine()
     greedy = {"flagos-L1off": [[1, 2], [3, 4]], "flagos-L1off+pcg": [[1, 2], [3, 5]]}
     exact = e2e_bench.twin_exact(greedy, e2e_bench.PCG_SUFFIX)
     assert exact == {"flagos-L1off+pcg": [True, False]}
-    doc = {"results": results, "paired": {}, "greedy": {"prefill_graph_equals_plain": exact},
+    doc = {"results": results, "paired": {}, "greedy": {"servers": greedy},
            "start_errors": {}, "paired_prefill_graph": paired}
     assert "| flagos-L1off+pcg | 1.250 [" in e2e_bench.table(doc)
-    assert "1/2 prompts" in e2e_bench.table(doc)
+    assert "prefill CUDA graph" in e2e_bench.table(doc) and "1/2 prompts" in e2e_bench.table(doc)
+    # the radix cache off, alone or with the graph
+    more = e2e_bench.resolve_configs(["fl-defaults+noradix", "fl-defaults+pcg+noradix"])
+    assert more["fl-defaults+noradix"] == ({}, ["--disable-radix-cache"])
+    assert more["fl-defaults+pcg+noradix"] == (dict(env_on), [*flags_on, "--disable-radix-cache"])
 
 
 def test_mtp_configurations_pair_with_their_plain_twin():
