@@ -184,10 +184,15 @@ empty_uninstall() {
 
 empty_overlay() {
   # Empty mode beside the full install: a virtual environment that sees every package of it
-  # but those empty mode lacks (tools/overlay_env.py); prints its python.
-  local drop
+  # but those empty mode lacks (tools/overlay_env.py); prints its python once that python has
+  # imported the serving stack and seen the GPU (else verify falls back to uninstalling).
+  local drop py
   read -ra drop <<< "$(empty_drop | tr '\n' ' ')"
-  "$PY" tools/overlay_env.py "${EMPTY_OVERLAY:-/tmp/sglang-fl-empty}" --without "${drop[@]}"
+  py=$("$PY" tools/overlay_env.py "${EMPTY_OVERLAY:-/tmp/sglang-fl-empty}" --without "${drop[@]}" \
+    | tail -n 1) || return 1
+  "$py" -c "import torch, sglang, sglang_fl, flag_gems
+assert torch.cuda.is_available(), 'no CUDA device seen from the overlay'" || return 1
+  echo "$py"
 }
 
 empty_servers() {

@@ -1,8 +1,9 @@
 """benchmarks/gpu_session.sh's ``verify`` stage, run with a stand-in python that logs each call
 with its time: the four empty-mode servers and doctor in empty mode run in the overlay made by
 tools/overlay_env.py (its python, not the full install's), beside the GPU suite rather than after
-it, with the larger memory margin; where the overlay cannot be made, empty mode falls back to
-uninstalling SGLang's kernels after the suite, and says so. Every step's duration and the total
+it, with the larger memory margin; where the overlay cannot be made, or its python cannot import
+the serving stack or see the GPU, empty mode falls back to uninstalling SGLang's kernels after
+the suite, and says so. Every step's duration and the total
 reach verify-durations.txt."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +26,7 @@ if [[ $1 == -c ]]; then
   case $2 in
     *sglang-kernel*) exit "${FAKE_NO_KERNEL:-0}" ;;
     *"print(m.version('sglang'))"*) echo 0.5.11 ;;
+    *"torch.cuda.is_available()"*) exit "${FAKE_OVERLAY_BROKEN:-0}" ;;
   esac
   exit 0
 fi
@@ -89,8 +93,10 @@ def test_empty_mode_runs_in_the_overlay_beside_the_suite(tmp_path):
         assert step in steps, durations
 
 
-def test_without_an_overlay_empty_mode_uninstalls_after_the_suite(tmp_path):
-    calls, durations, stdout = verify(tmp_path, FAKE_OVERLAY_FAILS="1")
+@pytest.mark.parametrize("broken", [{"FAKE_OVERLAY_FAILS": "1"}, {"FAKE_OVERLAY_BROKEN": "1"}],
+                         ids=["not-made", "cannot-import-or-see-the-gpu"])
+def test_without_an_overlay_empty_mode_uninstalls_after_the_suite(tmp_path, broken):
+    calls, durations, stdout = verify(tmp_path, **broken)
     assert "no empty-mode overlay" in stdout
     uninstall = next(c for c in calls if c[3].startswith("uninstall:"))
     assert "sglang-kernel" in uninstall[3] and "apache-tvm-ffi" in uninstall[3]
