@@ -395,11 +395,11 @@ stage_verify() {
     # so each server's margin is larger than when they have the GPU to themselves.
     (PY=$empty_py timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
     (PY=$empty_py SGLANG_FL_TEST_MEM_FRACTION=${EMPTY_MEM_FRACTION:-0.3} \
-       EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-330} timed emptymode empty_servers > "$OUT/empty-stage.log" 2>&1) &
+       EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-420} timed emptymode empty_servers > "$OUT/empty-stage.log" 2>&1) &
     empty=$!
   fi
   PYTEST_ARGS="-n ${VERIFY_WORKERS:-10} --durations=25 ${PYTEST_ARGS:-}" \
-    TESTS_TIMEOUT=${TESTS_TIMEOUT:-300} timed tests stage_tests
+    TESTS_TIMEOUT=${TESTS_TIMEOUT:-360} timed tests stage_tests
   wait "$smoke"; tail -n 25 "$OUT/smoke.log"
   if [[ -n $empty_py ]]; then
     wait "$empty"; tail -n 40 "$OUT/empty-stage.log"
