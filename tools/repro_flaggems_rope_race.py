@@ -22,8 +22,8 @@ several token counts; prints JSON.
 ``--compare`` times what sglang-fl now runs against the alternatives, per call under a CUDA graph
 (and eager), bf16, head 128, 32 q / 8 kv heads as views of one qkv buffer, 1/32/512/4096 tokens:
 sglang-fl's own in-place kernel (sglang_fl/kernels/rope.py, imported from this checkout), FlagGems
-out of place + copy, and sgl_kernel's ``apply_rope_with_cos_sin_cache_inplace`` where sgl_kernel
-imports (otherwise listed under "unavailable"). Each is first checked against fp32 math. From the
+out of place + copy, and SGLang's own ``apply_rope_with_cos_sin_cache_inplace`` (its JIT kernel,
+through the version adapter) where it builds here (otherwise listed under "unavailable"). Each is first checked against fp32 math. From the
 repository root, with torch, triton and flag_gems installed:
 
     python tools/repro_flaggems_rope_race.py --compare --out rope-compare.json
@@ -121,19 +121,23 @@ def timing(dtype, hd, q_heads, kv_heads) -> dict:
     return out
 
 
-def _sgl_kernel_rope():
-    """sgl_kernel's ``apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size,
-    cos_sin_cache, is_neox)`` (the CUDA kernel SGLang serves with), or why it is not here."""
+def _sglang_rope():
+    """SGLang's own in-place RoPE kernel, the one its RotaryEmbedding serves with on CUDA
+    (``apply_rope_with_cos_sin_cache_inplace(positions, q, k, cos_sin_cache, is_neox)``: 0.5.11's
+    ``sglang.jit_kernel.rope``, 0.5.23's ``sglang.kernels.ops.attention.rope``, found through the
+    version adapter), or why it is not here. sgl_kernel 0.4.2 has no such function."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     try:
-        from sgl_kernel import apply_rope_with_cos_sin_cache_inplace
-    except Exception as exc:  # noqa: BLE001 - absent or built for another torch/CUDA
-        return None, f"import sgl_kernel failed: {type(exc).__name__}: {exc}"
-    return apply_rope_with_cos_sin_cache_inplace, None
+        from sglang_fl.sglang_glue.adapters import get_adapter
+
+        return get_adapter().kernel("apply_rope_with_cos_sin_cache_inplace"), None
+    except Exception as exc:  # noqa: BLE001 - absent, or its JIT cannot build here
+        return None, f"SGLang's RoPE kernel: {type(exc).__name__}: {exc}"
 
 
 def compare(dtype, hd, q_heads, kv_heads, token_counts) -> dict:
     """In-place RoPE under a CUDA graph: sglang-fl's kernel vs FlagGems out of place + copy
-    (what sglang-fl did before it) vs sgl_kernel, q/k as views of one qkv buffer (as SGLang
+    (what sglang-fl did before it) vs SGLang's own kernel, q/k as views of one qkv buffer (as SGLang
     passes them), fp32 caches. Each candidate is first checked against fp32 math (max abs
     error); one that fails to run is reported, not timed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -144,11 +148,11 @@ def compare(dtype, hd, q_heads, kv_heads, token_counts) -> dict:
     freqs = torch.outer(torch.arange(max_pos, device=dev).float(), inv_freq)
     cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
     cos_sin_cache = torch.cat((cos, sin), dim=-1)
-    sgl_rope, sgl_missing = _sgl_kernel_rope()
+    sgl_rope, sgl_missing = _sglang_rope()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "flag_gems": getattr(flag_gems, "__version__", "?"), "dtype": str(dtype),
            "head_size": hd, "q_heads": q_heads, "kv_heads": kv_heads, "neox": True,
-           "unavailable": {"sgl_kernel": sgl_missing} if sgl_missing else {}, "tokens": {}}
+           "unavailable": {"sglang": sgl_missing} if sgl_missing else {}, "tokens": {}}
     for tokens in token_counts:
         qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * hd, device=dev, dtype=dtype)
         q, k, _ = qkv.split([q_heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
@@ -166,10 +170,10 @@ def compare(dtype, hd, q_heads, kv_heads, token_counts) -> dict:
 
         calls = {"sglang_fl_inplace": plugin, "flaggems_out_of_place_copy": flaggems_copy}
         if sgl_rope is not None:
-            def sgl(q=q, k=k, pos=pos):
-                sgl_rope(positions=pos, query=q, key=k, head_size=hd,
+            def sgl(q=q, k=k, pos=pos, t=tokens):
+                sgl_rope(positions=pos, q=q.view(t, -1, hd), k=k.view(t, -1, hd),
                          cos_sin_cache=cos_sin_cache, is_neox=True)
-            calls["sgl_kernel_inplace"] = sgl
+            calls["sglang_inplace"] = sgl
         row, timed = {}, {}
         x = qkv.clone()
         want_q = rope_fp32(q.view(tokens, -1, hd), cos, sin, pos)
@@ -209,7 +213,7 @@ def main() -> int:
     ap.add_argument("--timing", action="store_true", help="measure the workaround's cost instead")
     ap.add_argument("--compare", action="store_true",
                     help="time sglang-fl's in-place kernel vs FlagGems out of place + copy vs "
-                         "sgl_kernel under a CUDA graph (bf16 unless --dtype)")
+                         "SGLang's own kernel under a CUDA graph (bf16 unless --dtype)")
     ap.add_argument("--compare-tokens", default="1,32,512,4096")
     ap.add_argument("--out", help="also write the JSON of --timing/--compare here")
     args = ap.parse_args()
