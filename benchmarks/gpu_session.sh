@@ -33,8 +33,10 @@
 #            arguments): decode step wall vs GPU time from SGLang's torch-profiler trace, py-spy
 #            of the scheduler -> $OUT/profile.log, $OUT/decode-profile-<sglang version>.json
 #   prefillprofile  where prefill time goes, FlagGems for every op against SGLang's own kernels
-#            (~240 s with the model made and the JIT built): benchmarks/op_bench.py at prefill
-#            sizes (eager, graph, eager - graph) -> $OUT/prefill-ops.json, .log; then
+#            (~260 s with the model made and the JIT built): benchmarks/op_bench.py at prefill
+#            sizes (eager, graph, eager - graph) -> $OUT/prefill-ops.json, .log;
+#            benchmarks/launch_cost.py (one Triton launch by path: sglang-fl's wrapper,
+#            JITFunction.run, a bound compiled runner, a CUDA graph) -> $OUT/launch-cost.json; then
 #            benchmarks/step_profile.py --phase prefill on $MODEL_DIR (PREFILL_ARGS adds
 #            arguments): per forward wall, GPU busy and idle, per kernel GPU, launch, host and
 #            idle-gap time, and the launch-bound/kernel-bound verdict -> $OUT/prefill-profile.log,
@@ -286,10 +288,12 @@ stage_profile() {
 }
 
 stage_prefillprofile() {
-  log "prefill profile: op_bench at prefill sizes, then step_profile --phase prefill on $MODEL_DIR"
+  log "prefill profile: op_bench at prefill sizes, the launch cost by path, then step_profile --phase prefill on $MODEL_DIR"
   timeout "${PREFILL_OPS_TIMEOUT:-75}" "$PY" benchmarks/op_bench.py --backends flagos,vendor.cuda \
     --ops rms_norm,fused_add_rms_norm,rotary_embedding,silu_and_mul --tokens 512,2048,4096,16384 \
     --replays 5 --out "$OUT/prefill-ops.json" 2>&1 | tee "$OUT/prefill-ops.log" | tail -n 40
+  timeout "${LAUNCH_COST_TIMEOUT:-60}" "$PY" benchmarks/launch_cost.py --out "$OUT/launch-cost.json" 2>&1 \
+    | tee "$OUT/launch-cost.log" | tail -n 8
   args "${PREFILL_ARGS:-}"
   rm -rf /tmp/prefill-profile
   timeout "${PREFILL_TIMEOUT:-170}" "$PY" benchmarks/step_profile.py --phase prefill \

@@ -40,6 +40,17 @@ def rotary_embedding_inplace(query, key, cos, sin, position_ids, head_size,
     query ``[tokens, q_heads * head_size]`` and key ``[tokens, k_heads * head_size]`` (views of
     a fused qkv buffer are fine: any token stride), cos/sin ``[max_positions, rotary_dim // 2]``
     of any float dtype, position_ids ``[tokens]``. Returns ``(query, key)``."""
+    plan = launch_plan(query, key, cos, sin, position_ids, head_size, rotary_interleaved)
+    if plan is not None:
+        grid, args, meta = plan
+        _kernel()[grid](*args, **meta)
+    return query, key
+
+
+def launch_plan(query, key, cos, sin, position_ids, head_size, rotary_interleaved=False):
+    """The kernel's ``(grid, args, meta)`` for this call (None: no tokens), checked as
+    `rotary_embedding_inplace` documents; benchmarks/launch_cost.py launches the same plan by
+    other paths."""
     tokens = position_ids.numel()
     half = cos.shape[-1]
     if 2 * half > head_size:
@@ -47,7 +58,7 @@ def rotary_embedding_inplace(query, key, cos, sin, position_ids, head_size,
     if sin.shape != cos.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ")
     if tokens == 0:
-        return query, key
+        return None
     q = query.view(tokens, -1, head_size)
     k = key.view(tokens, -1, head_size)
     pos = position_ids.reshape(tokens)
@@ -60,15 +71,13 @@ def rotary_embedding_inplace(query, key, cos, sin, position_ids, head_size,
     num_warps = max(1, min(4, block_heads * block_half // 128))
     q_blocks = -(-q.shape[1] // block_heads)
     k_blocks = -(-k.shape[1] // block_heads)
-    _kernel()[(tokens, q_blocks + k_blocks)](
-        q, k, cos, sin, pos,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        pos.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        q.shape[1], k.shape[1], q_blocks,
-        HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=block_heads,
-        INTERLEAVED=bool(rotary_interleaved), num_warps=num_warps,
-    )
-    return query, key
+    args = (q, k, cos, sin, pos,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            pos.stride(0), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+            q.shape[1], k.shape[1], q_blocks)
+    meta = dict(HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=block_heads,
+                INTERLEAVED=bool(rotary_interleaved), num_warps=num_warps)
+    return (tokens, q_blocks + k_blocks), args, meta
 
 
 def _next_power_of_2(n: int) -> int:
