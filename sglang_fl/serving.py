@@ -21,6 +21,7 @@ SIGTERM when that process dies without cleaning up (see `_spawn`). `stop` return
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import queue
@@ -61,9 +62,24 @@ PORT_IN_USE_MARKERS = ("address already in use", "eaddrinuse", "port is already 
 PORT_ATTEMPTS = 3
 
 
-# SGLang derives more ports from --port (the gRPC one is port + 10000 and must stay <= 65535),
-# so the OS's ephemeral range (up to 60999) is not safe: pick below it ourselves.
-PORT_RANGE = (20000, 50000)
+def _port_range(ephemeral: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """Where servers started here get their ``--port``: below the OS's ephemeral range, and so
+    that the gRPC port SGLang derives (port + 10000) stays <= 65535.
+
+    A port inside the ephemeral range can be handed to the health-check client as its own
+    source port while the server is not listening yet: the client then connects to itself and
+    reads back its own request (CI, 2026-12-05: ``BadStatusLine: GET /health HTTP/1.1``). Where
+    the range leaves too little room below it, the old 20000-50000 stays; `Server.healthy`
+    treats such an answer as "not yet" either way."""
+    try:
+        low = int(Path(ephemeral).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    top = min(low, 55536)
+    return (20000, top) if top - 20000 >= 2000 else (20000, 50000)
+
+
+PORT_RANGE = _port_range()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -143,7 +159,8 @@ class Server:
     def healthy(self, timeout: float = 5.0) -> bool:
         try:
             status, _ = self.request("GET", "/health", timeout=timeout)
-        except (OSError, urllib.error.URLError):
+        except (OSError, urllib.error.URLError, http.client.HTTPException):
+            # HTTPException: not an HTTP answer, e.g. a client connected to itself (`_port_range`)
             return False
         return status == 200
 

@@ -154,3 +154,43 @@ def test_a_server_that_lost_the_callers_port_is_an_error_naming_it(tmp_path, los
         with serving.launched_server("model", port=port, log_path=tmp_path / "s.log", timeout=60):
             pass
     assert time.monotonic() - start < 30 and loses_its_port_once == [port]
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("32768\t60999\n", (20000, 32768)),   # Linux's default: below the ephemeral range
+    ("40000 60999", (20000, 40000)),
+    ("60000 65000", (20000, 55536)),      # the gRPC port (port + 10000) must stay <= 65535
+    ("1024 65000", (20000, 50000)),       # no room below: the old range
+    ("", (20000, 32768)),                 # unreadable: Linux's default
+])
+def test_server_ports_come_from_below_the_ephemeral_range(tmp_path, content, expected):
+    path = tmp_path / "ip_local_port_range"
+    path.write_text(content)
+    assert serving._port_range(str(path)) == expected
+    assert serving._port_range(str(tmp_path / "missing")) == (20000, 32768)
+
+
+def test_a_health_check_that_reads_back_its_own_request_is_not_healthy(tmp_path):
+    """What a client connected to itself sees (its own request line as the status line): not
+    healthy yet, so the wait goes on, instead of an exception that fails the start."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def echo():
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(conn.recv(65536))
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    server = serving.Server(url=f"http://127.0.0.1:{port}", port=port, log_path=tmp_path / "log",
+                            process=None, command=[], env={})
+    try:
+        assert server.healthy(timeout=5) is False
+    finally:
+        thread.join(5)
+        listener.close()
