@@ -167,7 +167,8 @@ def variant(suffix):
 
 def resolve_configs(names, extra=()):
     """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, their variants
-    (``NAME+mtp``, ``NAME+pcg``, in any combination) and ``--extra-config`` ones; an unknown
+    (``NAME+mtp``, ``NAME+pcg``, ``NAME+noradix``, in any combination) and ``--extra-config``
+    ones; an unknown
     name is refused naming the known."""
     extras = dict(parse_config(text) for text in extra)
     known = {**CONFIGS, **extras}
