@@ -40,11 +40,24 @@ def _normalized(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+def _record(dist) -> list[str] | None:
+    """The paths ``dist``'s RECORD lists (None: it has none). A RECORD whose paths hold commas
+    without the CSV quoting (some rewritten wheels: SGLang's MoE configs are named
+    ``E=...,N=...,device_name=...json``) makes ``importlib.metadata`` fail on its columns;
+    such a RECORD is read row by row instead: the hash and the size never hold a comma."""
+    try:
+        files = dist.files
+    except (ValueError, TypeError):  # 3.12: int('device_name=...'); 3.11: too many columns
+        text = dist.read_text("RECORD") or ""
+        return [row.rsplit(",", 2)[0] for row in text.splitlines() if row.strip()]
+    return None if files is None else [str(f) for f in files]
+
+
 def _owned(dists) -> tuple[set[Path], set[Path]]:
     """The files the distributions' RECORDs list (resolved) and every folder above them."""
     files: set[Path] = set()
     for dist in dists:
-        for f in dist.files or ():
+        for f in _record(dist) or ():
             files.add(Path(os.path.normpath(dist.locate_file(f))))
     dirs = {parent for f in files for parent in f.parents}
     return files, dirs
@@ -60,7 +73,7 @@ def plan(dists: list, without: list[str]) -> tuple[list, list, dict[str, str]]:
         if name not in wanted:
             kept.append(dist)
             continue
-        if dist.files is None:
+        if _record(dist) is None:
             raise SystemExit(f"overlay_env: {dist.metadata['Name']} has no RECORD: cannot "
                              "tell its files, so it cannot be left out")
         dropped.append(dist)

@@ -105,16 +105,24 @@ def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
     changed = {}
     plan = _plan(settings, server_args)
     dtype = getattr(server_args, "dtype", None)
+    # SGLang keeps the GDN/Mamba conv state in bf16 whatever the model's dtype. On CPU an fp32
+    # model then drifts from HF after a few tokens, so there both states follow --dtype. On a
+    # GPU, 0.5.11's Triton causal_conv1d_fn does not compile for an fp32 input with a bf16 state
+    # ("Mismatched type for col0", H100 2026-12-05: the op fell to the PyTorch reference), so
+    # there the conv state follows an fp32 --dtype.
+    conv_why = None
     if settings.platform == "cpu" and dtype in STATE_DTYPES:
-        # SGLang keeps the GDN/Mamba conv state in bf16 whatever the model's dtype: an fp32 model
-        # then drifts from HF after a few tokens. On CPU the states follow --dtype.
         plan["mamba_ssm_dtype"] = (dtype, "hybrid models' recurrent state follows --dtype on CPU")
-        env = adapter.MAMBA_CONV_DTYPE_ENV
-        if env and env not in os.environ:
-            os.environ[env] = dtype  # read by the scheduler processes, which inherit it
-            changed[env] = (dtype, "hybrid models' conv state follows --dtype on CPU")
-            logger.info("server default: %s=%s (hybrid models' conv state follows --dtype on CPU; "
-                        "set the variable to override)", env, dtype)
+        conv_why = "hybrid models' conv state follows --dtype on CPU"
+    elif settings.platform != "cpu" and dtype == "float32":
+        conv_why = ("hybrid models' conv state follows an fp32 --dtype: SGLang's Triton "
+                    "causal_conv1d_fn needs the input's dtype")
+    env = adapter.MAMBA_CONV_DTYPE_ENV
+    if conv_why and env and env not in os.environ:
+        os.environ[env] = dtype  # read by the scheduler processes, which inherit it
+        changed[env] = (dtype, conv_why)
+        logger.info("server default: %s=%s (%s; set the variable to override)", env, dtype,
+                    conv_why)
     for name, (value, why) in plan.items():
         if not hasattr(server_args, name):
             continue

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import logging
 
 import pytest
@@ -186,6 +188,29 @@ def test_hybrid_cpu_defaults_reach_hybrid_models_only(sglang_with_plugin, tmp_pa
                 assert getattr(args, option) == value, (model, option)
             else:
                 assert getattr(args, option) == before[option] and option not in changed, (model, option)
+
+
+def test_the_conv_state_follows_an_fp32_dtype_on_a_gpu(sglang_with_plugin, monkeypatch):
+    """On a GPU an fp32 hybrid gets an fp32 conv state (SGLang's Triton causal_conv1d_fn does
+    not compile for an fp32 input with its bf16 default: the op fell to the PyTorch reference
+    on the H100, 2026-12-05); a bf16 model keeps SGLang's default, and the user's own
+    variable wins."""
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+    from sglang_fl.sglang_glue.server_defaults import apply_defaults
+
+    env = get_adapter().MAMBA_CONV_DTYPE_ENV
+    cuda = build_settings(env={}, detect_platform=lambda: "cuda")
+    monkeypatch.delenv(env, raising=False)
+    changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="float32")))
+    assert os.environ[env] == "float32" and "causal_conv1d_fn" in changed[env][1]
+    monkeypatch.delenv(env)
+    changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="bfloat16")))
+    assert env not in os.environ and env not in changed
+    monkeypatch.setenv(env, "bfloat16")
+    changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="float32")))
+    assert os.environ[env] == "bfloat16" and env not in changed
 
 
 def test_vendor_attention_backend_is_registered_with_sglang(sglang_with_plugin):

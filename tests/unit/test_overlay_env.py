@@ -97,3 +97,20 @@ def test_the_command_line_checks_its_own_result(tmp_path):
     check = subprocess.run([python, "-c", "import pluggy"], capture_output=True, text=True,
                            timeout=60)
     assert check.returncode != 0 and "pluggy" in check.stderr
+
+
+def test_a_record_with_unquoted_commas_in_its_paths_is_still_read(tmp_path, site):
+    """GPU host, 2026-12-05: a rewritten sglang wheel listed ``E=128,N=768,device_name=...json``
+    unquoted in its RECORD, and ``importlib.metadata`` failed reading the size column; the
+    overlay must still leave out exactly that distribution's files, and keep a kept one's."""
+    for name, rel in (("drop-me", "dropme/E=1,N=2,device=X.json"),
+                      ("keep-me", "keepme/E=3,N=4,device=Y.json")):
+        (site / rel).write_text("{}")
+        info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+        with (info / "RECORD").open("a") as record:
+            record.write(f"{rel},sha256=abc,2\n")
+    python = _overlay_env().make(tmp_path / "overlay", ["drop-me"], site_dirs=[site])
+    target = next((tmp_path / "overlay").glob("lib/python*/site-packages"))
+    assert not (target / "dropme").exists()
+    assert (target / "keepme" / "E=3,N=4,device=Y.json").exists()
+    assert python.exists()
