@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import os
-
 import logging
+import os
 
 import pytest
 import torch
