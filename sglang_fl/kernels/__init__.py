@@ -4,4 +4,6 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
 
 - `rope`: in-place RoPE for the ``flagos`` backend, because FlagGems 5.0.2's in-place
   ``apply_rotary_pos_emb`` races (compat ledger ``flaggems:rope-inplace``).
+- `silu_mul`: ``silu_and_mul`` for the ``flagos`` backend, because FlagGems 5.0.2's costs
+  ~145 us of launch per eager call (the largest FlagGems-only prefill gap) and runs slower.
 """
