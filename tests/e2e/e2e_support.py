@@ -94,6 +94,33 @@ SHARED_GPU_MAX_TOTAL_TOKENS = 32768
 SHARED_GPU_MAX_MAMBA_CACHE_SIZE = 256
 
 
+#: Checkpoints the GPU verify makes ahead of its empty-mode servers (``SGLANG_FL_TEST_MODELS``,
+#: `made_ahead`): name -> (preset, make_tiny_model options). Qwen3.6-27B's layers take most of
+#: a served test's three minutes to write on the CPU (H100, 2026-12-05: 227 s of which the
+#: server ~20 s); the verify writes it beside its JIT warm-up instead.
+MADE_AHEAD = {"qwen3.6-27b-4l": ("qwen3.6-27b", {"num_layers": 4, "vocab_size": 32768})}
+
+
+def made_ahead(name: str, tmp_path_factory) -> Path:
+    """The checkpoint ``name`` of `MADE_AHEAD`: under ``$SGLANG_FL_TEST_MODELS`` where set (made
+    there ahead, or now), else in a fresh temporary folder."""
+    from sglang_fl.models import make_tiny_model
+
+    preset, options = MADE_AHEAD[name]
+    root = os.environ.get("SGLANG_FL_TEST_MODELS")
+    base = Path(root) if root else tmp_path_factory.mktemp("model")
+    return make_tiny_model(base / name, preset=preset, **options)
+
+
+def make_ahead(root: str) -> None:
+    """Write every `MADE_AHEAD` checkpoint under ``root`` (``python tests/e2e/e2e_support.py
+    ROOT``, from the GPU verify)."""
+    from sglang_fl.models import make_tiny_model
+
+    for name, (preset, options) in MADE_AHEAD.items():
+        print(make_tiny_model(Path(root) / name, preset=preset, **options), flush=True)
+
+
 def shared_mem_fraction(workers: int) -> float:
     """Each server's ``--mem-fraction-static`` beside ``workers - 1`` others: ``0.8 / workers``,
     or ``SGLANG_FL_TEST_MEM_FRACTION`` when set. The GPU verify sets it where other work (the
@@ -167,3 +194,9 @@ def installed(dist: str) -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
+
+
+if __name__ == "__main__":
+    import sys
+
+    make_ahead(sys.argv[1])

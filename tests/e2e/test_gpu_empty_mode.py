@@ -28,6 +28,7 @@ from e2e_support import (
     greedy_ids,
     hf_greedy_ids,
     installed,
+    made_ahead,
     serve,
     shared_gpu_args,
     standin_calls_in,
@@ -158,12 +159,9 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
 def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
     """Qwen3.6-27B's real layer shapes (4 of its layers, bf16, random weights): serves in empty
     mode with the GDN core on sglang-fl's ops and no stand-in called."""
-    from sglang_fl.models import make_tiny_model
-
-    # 4 of its layers (3 GDN, 1 gated attention) and a 32k vocabulary keep the checkpoint that
-    # is written here small; the layers are the real model's.
-    model = make_tiny_model(tmp_path_factory.mktemp("model") / "qwen3.6-27b-4l",
-                            preset="qwen3.6-27b", num_layers=4, vocab_size=32768)
+    # 4 of its layers (3 GDN, 1 gated attention) and a 32k vocabulary keep the checkpoint
+    # small; the layers are the real model's. The GPU verify writes it ahead (`made_ahead`).
+    model = made_ahead("qwen3.6-27b-4l", tmp_path_factory)
     with serve(model, tmp_path, timeout=400,
                args=("--dtype", "bfloat16", *shared_gpu_args(hybrid=True)), USE_FLAGGEMS="0") as srv:
         got = greedy_ids(srv, [[1, 2, 3, 4, 5, 6, 7, 8], list(range(100, 230))])

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_PY = r"""#!/usr/bin/env bash
 # Logs "<time> <interpreter> start|end <what> [MEM=...]" to $CALLS; the GPU suite and the
 # empty-mode servers take a while, so that overlap shows.
-say() { echo "$(date +%s.%N) $0 $1 $2 MEM=${SGLANG_FL_TEST_MEM_FRACTION:-}" >> "$CALLS"; }
+say() { echo "$(date +%s.%N) $0 $1 $2 MEM=${SGLANG_FL_TEST_MEM_FRACTION:-} MODELS=${SGLANG_FL_TEST_MODELS:-}" >> "$CALLS"; }
 if [[ $1 == - ]]; then cat > /dev/null; exit 0; fi
 if [[ $1 == -c ]]; then
   case $2 in
@@ -36,12 +36,16 @@ case "$1 $2 $3" in
   "-m pip"*) ;;
   "-m sglang_fl.cli doctor"*) say once doctor; echo "doctor ok" ;;
   "-m sglang_fl.cli make-tiny-model") mkdir -p "$4" ;;
-  "-m pytest tests/gpu") say start suite; sleep 2; say end suite ;;
+  "-m pytest tests/gpu") say start suite; touch "$CALLS.suite"; sleep 6; say end suite ;;
   "-m pytest tests/e2e/test_gpu_empty_mode.py") say start empty; sleep 1; say end empty ;;
   tools/overlay_env.py*)
     [[ -n ${FAKE_OVERLAY_FAILS:-} ]] && { echo "overlay_env: no" >&2; exit 1; }
     mkdir -p "$2/bin" && cp "$0" "$2/bin/python" && echo "$2/bin/python" ;;
   benchmarks/e2e_bench.py*) say start smoke; sleep 0.5; say end smoke ;;
+  tests/e2e/e2e_support.py*)
+    say start ahead  # until the suite started (at most 10 s): proves the suite does not wait
+    for _ in $(seq 100); do [[ -e $CALLS.suite ]] && break; sleep 0.1; done; [[ -z ${FAKE_AHEAD_FAILS:-} ]] || exit 1; mkdir -p "$2"
+    say end ahead ;;
 esac
 exit 0
 """
@@ -60,14 +64,16 @@ def verify(tmp_path, **env_extra):
            "BUNDLE": str(tmp_path / "wheels"), "BUNDLE_ADDED": str(tmp_path / "added"),
            "HOME": str(tmp_path / "home"), "TVM_FFI_CACHE_DIR": str(tmp_path / "jit"),
            "MODEL_DIR": str(tmp_path / "model"), "EMPTY_OVERLAY": str(tmp_path / "overlay"),
+           "SGLANG_FL_TEST_MODELS": str(tmp_path / "models"),
            **env_extra}
     proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "verify"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert "stage verify FAILED" not in proc.stdout, proc.stdout + proc.stderr
     calls = []
     for line in (tmp_path / "calls").read_text().splitlines():
-        t, python, event, what, mem = line.split(" ")
-        calls.append((float(t), python, event, what, mem.removeprefix("MEM=")))
+        t, python, event, what, mem, models = line.split(" ")
+        calls.append((float(t), python, event, what, mem.removeprefix("MEM="),
+                      models.removeprefix("MODELS=")))
     durations = (tmp_path / "out" / "verify-durations.txt").read_text()
     return calls, durations, proc.stdout
 
@@ -88,9 +94,24 @@ def test_empty_mode_runs_in_the_overlay_beside_the_suite(tmp_path):
     doctors = [c[1] for c in calls if c[3] == "doctor"]
     assert overlay_python in doctors and str(tmp_path / "bin" / "py") in doctors
     steps = [line.split()[0] for line in durations.splitlines()]
-    for step in ("install", "treecore", "doctor", "model", "overlay", "jit", "smoke", "tests",
-                 "emptymode", "doctor-empty", "savejit", "total"):
+    for step in ("install", "treecore", "doctor", "model", "overlay", "models-ahead", "jit",
+                 "smoke", "tests", "emptymode", "doctor-empty", "savejit", "total"):
         assert step in steps, durations
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["made", "failed"])
+def test_the_big_checkpoint_is_written_ahead_and_only_the_empty_servers_wait(tmp_path, fails):
+    """The 27B-shaped checkpoint is written beside the suite's start, the empty-mode servers
+    start once it is there and are pointed at it; where writing it failed, they start anyway
+    and each test writes its own."""
+    calls, durations, _ = verify(tmp_path, **({"FAKE_AHEAD_FAILS": "1"} if fails else {}))
+    if not fails:  # the suite did not wait for it
+        assert _at(calls, "start", "suite")[0] < _at(calls, "end", "ahead")[0]
+    empty = _at(calls, "start", "empty")
+    assert empty[5] == ("" if fails else str(tmp_path / "models"))
+    if not fails:
+        assert _at(calls, "end", "ahead")[0] <= empty[0]
+    assert "models-ahead" in durations
 
 
 @pytest.mark.parametrize("broken", [{"FAKE_OVERLAY_FAILS": "1"}, {"FAKE_OVERLAY_BROKEN": "1"}],
