@@ -203,3 +203,33 @@ def test_custom_ops_are_off_by_default_and_leave_the_direct_binding():
     layer(torch.randn(2, 8))
     assert isinstance(layer._forward_method, functools.partial)
     assert layer._forward_method.func is manager.resolve("silu_and_mul").impl.fn
+
+
+def test_an_eager_call_skips_the_op_and_its_copies(sglang_with_plugin):
+    """Outside torch.compile the routed layers call their impls directly: no
+    ``torch.ops.sglang_fl`` op and no copy of a written input is dispatched (the copies made
+    decode under a CUDA graph 0.73x on the H100), and the outputs are those of the plain
+    binding (the block's q and k overlap, so in-place RoPE differs from forward_native there);
+    a traced call still goes through the op (`test_routed_layers_compile_fullgraph_without_breaks`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    block, _, _ = routed_block({"SGLANG_FL_CUSTOM_OPS": "1"})
+    block(*inputs(3))  # binds each layer
+    with Seen() as seen:
+        got = block(*inputs(4))
+    assert not [op for op in seen.ops if op.startswith("sglang_fl.")], seen.ops
+    assert not [op for op in seen.ops if "clone" in op], seen.ops
+    plain, _, settings = routed_block({})
+    assert not settings.custom_ops
+    want = plain(*inputs(4))
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
