@@ -307,7 +307,11 @@ def compose_cpu(session) -> None:
 
         env = {"SGLANG_FL_IMAGE": image, "MODEL_DIR": str(model_dir), "MODEL_NAME": MODEL_NAME,
                "PORT": str(port), "PUBLISH_ADDR": "127.0.0.1", "HEALTH_INTERVAL": "3s",
-               "SERVER_ARGS": " ".join(SERVER_ARGS), "LEADER_TIMEOUT": "120"}
+               # SGLang's own warm-up gives the leader a fixed 120 s to answer itself, then
+               # kills it: on a loaded 2-core CI host node0 missed it once (2026-12-05) and
+               # node1 lost its peer. The health check and the request below wait instead.
+               "SERVER_ARGS": " ".join((*SERVER_ARGS, "--skip-server-warmup")),
+               "LEADER_TIMEOUT": "120"}
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}, **env}
         start = time.monotonic()
         up = True
