@@ -67,8 +67,8 @@
 #            in the overlay, the four empty-mode servers at once (dense, MoE, the tiny and the
 #            27B-shaped hybrids; EMPTY_MEM_FRACTION each, default 0.3) with doctor in empty mode.
 #            The 27B-shaped checkpoint (minutes of CPU) is written from the start beside the rest
-#            (tests/e2e/e2e_support.py MADE_AHEAD, into SGLANG_FL_TEST_MODELS); only the
-#            empty-mode servers wait for it.
+#            (tests/e2e/e2e_support.py MADE_AHEAD, into SGLANG_FL_TEST_MODELS); only the test
+#            that serves it waits for it.
 #            Without an overlay, empty mode uninstalls SGLang's kernels after the suite, as
 #            before (H200, 2026-12-03: ~555 s in series). Each step's duration and the total go
 #            to $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and
@@ -358,13 +358,6 @@ stage_pack() {  # the device tool returns 8 files: everything but the summaries 
      -not -name profile.log -not -name prefill-profile.log -delete && mv /tmp/results.tgz . && ls -la)
 }
 
-ahead_ready() {
-  # Wait for the checkpoints verify writes ahead (`touch DIR.done` when done or failed), then
-  # point the empty-mode tests at them where they were written (else each test writes its own).
-  while [[ ! -e $1.done ]]; do sleep 1; done
-  if [[ -d $1 ]]; then export SGLANG_FL_TEST_MODELS=$1; else unset SGLANG_FL_TEST_MODELS; fi
-}
-
 sglang_version() { "$PY" -c "import importlib.metadata as m; print(m.version('sglang'))"; }
 
 stage_verify() {
@@ -387,11 +380,13 @@ stage_verify() {
   (timed overlay empty_overlay > "$OUT/overlay.log" 2>&1) &
   local overlay=$!
   # The empty-mode tests' big checkpoint (Qwen3.6-27B's layers: minutes of CPU), written now.
-  # The empty-mode servers wait for it (`ahead_ready`); the suite and the smoke do not.
-  local models=${SGLANG_FL_TEST_MODELS:-/tmp/sglang-fl-test-models}
-  rm -rf "$models" "$models.done"
-  ( (timed models-ahead "$PY" tests/e2e/e2e_support.py "$models" > "$OUT/models-ahead.log" 2>&1 \
-     || rm -rf "$models"); touch "$models.done") &
+  # Only the test that serves it waits for it (the folder holds `.writing` until it is written;
+  # on a failure the folder goes, and that test writes its own).
+  # A checkpoint already there from an earlier call is reused (make_tiny_model's manifest).
+  local models=${VERIFY_MODELS:-/tmp/sglang-fl-verify-models}
+  mkdir -p "$models"; touch "$models/.writing"
+  (timed models-ahead "$PY" tests/e2e/e2e_support.py "$models" > "$OUT/models-ahead.log" 2>&1 \
+     || rm -rf "$models") &
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     log "JIT cache restored by install: no prebuild"
   else
@@ -414,7 +409,7 @@ stage_verify() {
     # beside the suite on the full install; the suite and the smoke allocate while they load,
     # so each server's margin is larger than when they have the GPU to themselves.
     (PY=$empty_py timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
-    (ahead_ready "$models"; PY=$empty_py SGLANG_FL_TEST_MEM_FRACTION=${EMPTY_MEM_FRACTION:-0.3} \
+    (PY=$empty_py SGLANG_FL_TEST_MODELS=$models SGLANG_FL_TEST_MEM_FRACTION=${EMPTY_MEM_FRACTION:-0.3} \
        EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-420} timed emptymode empty_servers > "$OUT/empty-stage.log" 2>&1) &
     empty=$!
   fi
@@ -426,7 +421,7 @@ stage_verify() {
   else  # the old way: uninstall SGLang's kernels from the full install, then serve
     empty_uninstall
     (timed doctor-empty stage_doctor -empty > "$OUT/doctor-empty-stage.log" 2>&1) &
-    ahead_ready "$models"; EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode empty_servers
+    SGLANG_FL_TEST_MODELS=$models EMPTY_TIMEOUT=${EMPTY_TIMEOUT:-240} timed emptymode empty_servers
   fi
   wait; cat "$OUT/doctor-empty-stage.log"
   timed savejit stage_savejit > /dev/null

@@ -101,24 +101,46 @@ SHARED_GPU_MAX_MAMBA_CACHE_SIZE = 256
 MADE_AHEAD = {"qwen3.6-27b-4l": ("qwen3.6-27b", {"num_layers": 4, "vocab_size": 32768})}
 
 
+#: The marker a writer of ``$SGLANG_FL_TEST_MODELS`` keeps there while it writes (`made_ahead`
+#: waits for it to go; the GPU verify removes the folder, marker included, if writing fails).
+WRITING = ".writing"
+#: How long `made_ahead` waits for that writer.
+AHEAD_WAIT_SECONDS = 900
+
+
 def made_ahead(name: str, tmp_path_factory) -> Path:
     """The checkpoint ``name`` of `MADE_AHEAD`: under ``$SGLANG_FL_TEST_MODELS`` where set (made
-    there ahead, or now), else in a fresh temporary folder."""
+    there ahead, or now; while the folder holds `WRITING`, first wait for the writer), else in
+    a fresh temporary folder."""
+    import time
+
     from sglang_fl.models import make_tiny_model
 
     preset, options = MADE_AHEAD[name]
     root = os.environ.get("SGLANG_FL_TEST_MODELS")
-    base = Path(root) if root else tmp_path_factory.mktemp("model")
-    return make_tiny_model(base / name, preset=preset, **options)
+    if not root:
+        return make_tiny_model(tmp_path_factory.mktemp("model") / name, preset=preset, **options)
+    deadline = time.monotonic() + AHEAD_WAIT_SECONDS
+    while (Path(root) / WRITING).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{root}/{WRITING} still there after {AHEAD_WAIT_SECONDS} s: "
+                               "the checkpoints written ahead never finished")
+        time.sleep(1)
+    return make_tiny_model(Path(root) / name, preset=preset, **options)
 
 
 def make_ahead(root: str) -> None:
     """Write every `MADE_AHEAD` checkpoint under ``root`` (``python tests/e2e/e2e_support.py
-    ROOT``, from the GPU verify)."""
+    ROOT``, from the GPU verify), with `WRITING` there until they are written (on a failure it
+    stays: the caller removes the folder)."""
     from sglang_fl.models import make_tiny_model
 
+    marker = Path(root) / WRITING
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     for name, (preset, options) in MADE_AHEAD.items():
         print(make_tiny_model(Path(root) / name, preset=preset, **options), flush=True)
+    marker.unlink()
 
 
 def shared_mem_fraction(workers: int) -> float:

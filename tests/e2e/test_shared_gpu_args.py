@@ -1,7 +1,7 @@
 """How served tests share one GPU (`shared_gpu_args`): none beside no other worker, ``0.8 / N``
 of the memory each beside N - 1 others, and the GPU verify's override
 (``SGLANG_FL_TEST_MEM_FRACTION``, used where the GPU suite runs beside the servers) validated
-with a message that names it."""
+with a message that names it; and the checkpoints the GPU verify writes ahead (`made_ahead`)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,32 @@ def test_a_bad_override_is_refused_by_name(monkeypatch, raw):
     monkeypatch.setenv("SGLANG_FL_TEST_MEM_FRACTION", raw)
     with pytest.raises(ValueError, match="SGLANG_FL_TEST_MEM_FRACTION=.*between 0 and 1"):
         shared_gpu_args()
+
+
+def test_made_ahead_waits_for_the_writer_then_reuses_its_checkpoint(tmp_path, monkeypatch):
+    """With ``SGLANG_FL_TEST_MODELS`` set, a test's checkpoint comes from there once the writer
+    (the GPU verify's `make_ahead`) has removed its ``.writing`` marker; a writer that never
+    finishes is reported by name, not waited for without end."""
+    import threading
+    import time
+
+    import e2e_support
+
+    import sglang_fl.models as models
+
+    made = []
+    monkeypatch.setattr(models, "make_tiny_model",
+                        lambda path, **options: made.append((path, options)) or path)
+    monkeypatch.setenv("SGLANG_FL_TEST_MODELS", str(tmp_path))
+    marker = tmp_path / e2e_support.WRITING
+    marker.touch()
+    threading.Timer(1.0, marker.unlink).start()
+    start = time.monotonic()
+    path = e2e_support.made_ahead("qwen3.6-27b-4l", tmp_path_factory=None)
+    assert time.monotonic() - start >= 0.9 and path == tmp_path / "qwen3.6-27b-4l"
+    assert made == [(path, {"preset": "qwen3.6-27b", "num_layers": 4, "vocab_size": 32768})]
+
+    marker.touch()
+    monkeypatch.setattr(e2e_support, "AHEAD_WAIT_SECONDS", 0.5)
+    with pytest.raises(TimeoutError, match=r"\.writing still there after 0.5 s"):
+        e2e_support.made_ahead("qwen3.6-27b-4l", tmp_path_factory=None)

@@ -37,15 +37,21 @@ case "$1 $2 $3" in
   "-m sglang_fl.cli doctor"*) say once doctor; echo "doctor ok" ;;
   "-m sglang_fl.cli make-tiny-model") mkdir -p "$4" ;;
   "-m pytest tests/gpu") say start suite; touch "$CALLS.suite"; sleep 6; say end suite ;;
-  "-m pytest tests/e2e/test_gpu_empty_mode.py") say start empty; sleep 1; say end empty ;;
+  "-m pytest tests/e2e/test_gpu_empty_mode.py")
+    say start empty; touch "$CALLS.empty"; sleep 1; say end empty ;;
   tools/overlay_env.py*)
     [[ -n ${FAKE_OVERLAY_FAILS:-} ]] && { echo "overlay_env: no" >&2; exit 1; }
     mkdir -p "$2/bin" && cp "$0" "$2/bin/python" && echo "$2/bin/python" ;;
   benchmarks/e2e_bench.py*) say start smoke; sleep 0.5; say end smoke ;;
   tests/e2e/e2e_support.py*)
-    say start ahead  # until the suite started (at most 10 s): proves the suite does not wait
-    for _ in $(seq 100); do [[ -e $CALLS.suite ]] && break; sleep 0.1; done; [[ -z ${FAKE_AHEAD_FAILS:-} ]] || exit 1; mkdir -p "$2"
-    say end ahead ;;
+    # until the suite and the empty-mode servers started (at most 10 s each): proves neither
+    # waits for it
+    say start ahead
+    for m in suite empty; do
+      for _ in $(seq 100); do [[ -e $CALLS.$m ]] && break; sleep 0.1; done
+    done
+    [[ -z ${FAKE_AHEAD_FAILS:-} ]] || exit 1
+    rm -f "$2/.writing"; say end ahead ;;
 esac
 exit 0
 """
@@ -64,7 +70,7 @@ def verify(tmp_path, **env_extra):
            "BUNDLE": str(tmp_path / "wheels"), "BUNDLE_ADDED": str(tmp_path / "added"),
            "HOME": str(tmp_path / "home"), "TVM_FFI_CACHE_DIR": str(tmp_path / "jit"),
            "MODEL_DIR": str(tmp_path / "model"), "EMPTY_OVERLAY": str(tmp_path / "overlay"),
-           "SGLANG_FL_TEST_MODELS": str(tmp_path / "models"),
+           "VERIFY_MODELS": str(tmp_path / "models"),
            **env_extra}
     proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "verify"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -100,17 +106,20 @@ def test_empty_mode_runs_in_the_overlay_beside_the_suite(tmp_path):
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["made", "failed"])
-def test_the_big_checkpoint_is_written_ahead_and_only_the_empty_servers_wait(tmp_path, fails):
-    """The 27B-shaped checkpoint is written beside the suite's start, the empty-mode servers
-    start once it is there and are pointed at it; where writing it failed, they start anyway
-    and each test writes its own."""
+def test_the_big_checkpoint_is_written_beside_everything_else(tmp_path, fails):
+    """The 27B-shaped checkpoint is written from the start, and neither the suite nor the
+    empty-mode servers wait for it (only the test that serves it does, `made_ahead`); they are
+    pointed at its folder, which holds `.writing` until it is written and is removed if writing
+    fails (then that test writes its own)."""
     calls, durations, _ = verify(tmp_path, **({"FAKE_AHEAD_FAILS": "1"} if fails else {}))
-    if not fails:  # the suite did not wait for it
-        assert _at(calls, "start", "suite")[0] < _at(calls, "end", "ahead")[0]
     empty = _at(calls, "start", "empty")
-    assert empty[5] == ("" if fails else str(tmp_path / "models"))
-    if not fails:
-        assert _at(calls, "end", "ahead")[0] <= empty[0]
+    assert empty[5] == str(tmp_path / "models")
+    if fails:
+        assert not (tmp_path / "models").exists()
+    else:
+        ahead_end = _at(calls, "end", "ahead")[0]
+        assert _at(calls, "start", "suite")[0] < ahead_end and empty[0] < ahead_end
+        assert not (tmp_path / "models" / ".writing").exists()
     assert "models-ahead" in durations
 
 
