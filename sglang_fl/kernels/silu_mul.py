@@ -27,19 +27,26 @@ def silu_and_mul(x):
     import torch
 
     d = x.shape[-1] // 2
-    rows = x.reshape(-1, x.shape[-1])
+    flat = x.dim() == 2  # what SGLang passes: no view to make on the hot path
+    rows = x if flat else x.reshape(-1, x.shape[-1])
     out = torch.empty(rows.shape[0], d, dtype=x.dtype, device=x.device)
     if rows.shape[0] and d:
-        block = min(_BLOCK, _next_power_of_2(d))
+        block, warps = _geometry(d)
         _kernel()[(rows.shape[0], -(-d // block))](
-            rows, out, d, rows.stride(0), out.stride(0), BLOCK=block,
-            num_warps=max(1, min(4, block // 256)))
-    return out.view(*x.shape[:-1], d)
+            rows, out, d, rows.stride(0), d, BLOCK=block, num_warps=warps)
+    return out if flat else out.view(*x.shape[:-1], d)
 
 
 def supports(x) -> bool:
     """Whether `silu_and_mul` takes ``x``: an even last dimension, contiguous, on a device."""
     return x.device.type != "cpu" and x.shape[-1] % 2 == 0 and x.stride(-1) == 1
+
+
+@functools.lru_cache(maxsize=64)
+def _geometry(d: int) -> tuple[int, int]:
+    """Channels per program and warps, for rows of ``2 * d``."""
+    block = min(_BLOCK, _next_power_of_2(d))
+    return block, max(1, min(4, block // 256))
 
 
 def _next_power_of_2(n: int) -> int:

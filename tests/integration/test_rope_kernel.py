@@ -186,6 +186,22 @@ def test_kernel_zero_tokens_and_bad_rotary_dim(interpreted):
                                              torch.zeros(1, dtype=torch.long), 64)
 
 
+def test_other_layouts_rotate_alike_and_a_wrong_width_is_named(interpreted):
+    """q/k as ``[tokens, heads, head_size]`` and positions as ``[1, tokens]`` (the general
+    path) rotate exactly as the 2-D layout SGLang passes (the lean path); a q width that is no
+    multiple of head_size is refused with the shapes."""
+    gen = torch.Generator().manual_seed(5)
+    cos, sin = torch.randn(64, 8, generator=gen), torch.randn(64, 8, generator=gen)
+    q, k = torch.randn(3, 4 * 16, generator=gen), torch.randn(3, 2 * 16, generator=gen)
+    pos = torch.tensor([5, 0, 63])
+    q3, k3 = q.clone().view(3, 4, 16), k.clone().view(3, 2, 16)
+    interpreted.rotary_embedding_inplace(q, k, cos, sin, pos, 16)
+    interpreted.rotary_embedding_inplace(q3, k3, cos, sin, pos.view(1, 3), 16)
+    assert torch.equal(q3.view(3, -1), q) and torch.equal(k3.view(3, -1), k)
+    with pytest.raises(ValueError, match=r"query \(3, 60\) / key \(3, 32\) are not \[3, heads \* 16\]"):
+        interpreted.rotary_embedding_inplace(torch.zeros(3, 60), k, cos, sin, pos, 16)
+
+
 def test_kernel_launcher_imports_without_triton():
     """The launcher and the flagos backend import Triton only at the first launch, so they
     import on hosts without it (a fresh interpreter in which ``import triton`` fails)."""
@@ -194,6 +210,7 @@ def test_kernel_launcher_imports_without_triton():
         "sys.modules['triton'] = None\n"  # import triton -> ImportError
         "import sglang_fl.kernels.rope, sglang_fl.dispatch.backends.flaggems\n"
         "assert 'sglang_fl.kernels.rope_triton' not in sys.modules\n"
+        "assert 'sglang_fl.kernels.silu_mul_triton' not in sys.modules\n"
         "print('ok')\n")
     proc = run_python(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
