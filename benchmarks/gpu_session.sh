@@ -203,6 +203,8 @@ assert torch.cuda.is_available(), 'no CUDA device seen from the overlay'" || ret
 empty_servers() {
   # The four servers at once (EMPTY_WORKERS, pytest-xdist): the GPU holds them all.
   log "empty mode: the served GPU tests ($PY)"
+  # A test waiting for a checkpoint written ahead gives up (naming it) before the timeout kills.
+  SGLANG_FL_TEST_AHEAD_WAIT=${SGLANG_FL_TEST_AHEAD_WAIT:-$(( ${EMPTY_TIMEOUT:-300} - 60 ))} \
   timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
     -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" --durations=8 2>&1 \
     | tee "$OUT/gpu-empty-mode.log" | tail -n 40
@@ -364,11 +366,11 @@ stage_verify() {
   # The whole check of one bundle within one device call (at most 540 s on a fresh machine):
   # steps that use different resources run side by side (doctor and model: CPU and disk, JIT:
   # nvcc; then the GPU suite, a short served smoke and the four empty-mode servers at once).
-  local t0=$SECONDS
+  local t0=$SECONDS models=${VERIFY_MODELS:-/tmp/sglang-fl-verify-models}
   : > "$OUT/verify-durations.txt"
-  if [[ ${VERIFY_FRESH:-1} == 1 ]]; then  # time it as a fresh machine: no kernel caches
+  if [[ ${VERIFY_FRESH:-1} == 1 ]]; then  # time it as a fresh machine: no caches, no checkpoints
     rm -rf "$TVM_FFI_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${FLAGGEMS_CACHE_DIR:-$HOME/.flaggems}" \
-      /tmp/decode-profile /tmp/prefill-profile /tmp/e2e-logs
+      /tmp/decode-profile /tmp/prefill-profile /tmp/e2e-logs "$models"
   fi
   timed install stage_install || return 1
   (timed treecore stage_treecore > /dev/null) &
@@ -380,13 +382,11 @@ stage_verify() {
   (timed overlay empty_overlay > "$OUT/overlay.log" 2>&1) &
   local overlay=$!
   # The empty-mode tests' big checkpoint (Qwen3.6-27B's layers: minutes of CPU), written now.
-  # Only the test that serves it waits for it (the folder holds `.writing` until it is written;
-  # on a failure the folder goes, and that test writes its own).
-  # A checkpoint already there from an earlier call is reused (make_tiny_model's manifest).
-  local models=${VERIFY_MODELS:-/tmp/sglang-fl-verify-models}
+  # Only the test that serves it waits for it (the folder holds `.writing` until the writer
+  # ends; where it failed, that test writes its own). One already there whole is reused.
   mkdir -p "$models"; touch "$models/.writing"
   (timed models-ahead "$PY" tests/e2e/e2e_support.py "$models" > "$OUT/models-ahead.log" 2>&1 \
-     || rm -rf "$models") &
+     || rm -f "$models/.writing") &
   if [[ -n "${JIT_CACHE_TGZ:-}" && -f "$JIT_CACHE_TGZ" ]]; then
     log "JIT cache restored by install: no prebuild"
   else

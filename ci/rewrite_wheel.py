@@ -9,7 +9,8 @@ is quoted, as the wheel format asks; unquoted, ``importlib.metadata`` cannot rea
 A file is kept when it is named by ``--keep`` or is in the ``.dist-info`` folder; otherwise it
 must start with an ``--only`` prefix and end with an ``--only-suffix`` (where given), and must
 not start with a ``--drop`` prefix or end with a ``--drop-suffix``. OUT defaults to SRC
-(replaced). A wheel that loses nothing is left as it is, so a second run changes nothing.
+(replaced). A wheel that loses nothing and whose RECORD is sound is left as it is, so a second
+run changes nothing; one trimmed before RECORDs were quoted gets its RECORD rewritten.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import zipfile
 
 def keeper(args):
     def keep(name: str) -> bool:
-        if name in args.keep or ".dist-info/" in name:
+        if name in args.keep or name.split("/", 1)[0].endswith(".dist-info"):
             return True
         if args.only and not name.startswith(tuple(args.only)):
             return False
@@ -37,29 +38,42 @@ def keeper(args):
     return keep
 
 
-def rewrite(src: str, out: str, keep) -> tuple[int, int]:
+def record_ok(text: str, names: set[str]) -> bool:
+    """Whether a RECORD reads as the wheel format's CSV: three columns, every path a member."""
+    rows = [row for row in csv.reader(io.StringIO(text)) if row]
+    return all(len(row) == 3 and row[0] in names for row in rows)
+
+
+def rewrite(src: str, out: str, keep) -> tuple[int, int, bool]:
     """Write ``out`` from ``src`` with the files ``keep(name)`` accepts and a new RECORD;
-    returns (files kept, files dropped). Nothing is written when nothing is dropped."""
+    returns (files kept, files dropped, whether ``out`` was written). Nothing is written when nothing is dropped and the
+    RECORD is sound (an earlier trim that wrote commas unquoted is rewritten)."""
     with zipfile.ZipFile(src) as zin:
         record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
         infos = [i for i in zin.infolist() if i.filename != record_name]
         kept = [i for i in infos if keep(i.filename)]
-        if len(kept) == len(infos):
-            return len(kept), 0
-        fd, tmp = tempfile.mkstemp(suffix=".whl", dir=os.path.dirname(os.path.abspath(out)))
+        if len(kept) == len(infos) and record_ok(zin.read(record_name).decode(),
+                                                 set(zin.namelist())):
+            return len(kept), 0, False
+        fd, tmp = tempfile.mkstemp(suffix=".whl.tmp", dir=os.path.dirname(os.path.abspath(out)))
         os.close(fd)
-        rows = io.StringIO()
-        writer = csv.writer(rows, lineterminator="\n")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-            for info in kept:
-                data = zin.read(info)
-                zout.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
-                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-                writer.writerow([info.filename, f"sha256={digest.decode()}", len(data)])
-            writer.writerow([record_name, "", ""])
-            zout.writestr(record_name, rows.getvalue())
-    os.replace(tmp, out)
-    return len(kept), len(infos) - len(kept)
+        try:
+            rows = io.StringIO()
+            writer = csv.writer(rows, lineterminator="\n")
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+                for info in kept:
+                    data = zin.read(info)
+                    zout.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+                    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                    writer.writerow([info.filename, f"sha256={digest.decode()}", len(data)])
+                writer.writerow([record_name, "", ""])
+                zout.writestr(record_name, rows.getvalue())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return len(kept), len(infos) - len(kept), True
 
 
 def main(argv=None) -> int:
@@ -71,11 +85,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = args.out or args.src
     before = os.path.getsize(args.src)
-    kept, dropped = rewrite(args.src, out, keeper(args))
-    if dropped == 0 and out != args.src:
+    kept, dropped, written = rewrite(args.src, out, keeper(args))
+    if not written and not (os.path.exists(out) and os.path.samefile(args.src, out)):
         import shutil
 
-        shutil.copyfile(args.src, out)
+        shutil.copyfile(args.src, out)  # nothing to change: the wheel as it is
     print(f"{os.path.basename(args.src)}: kept {kept} files, dropped {dropped}: "
           f"{before / 2**20:.1f} -> {os.path.getsize(out) / 2**20:.1f} MiB")
     return 0

@@ -19,7 +19,9 @@ path hooks work as in the full install. Nothing in the full install changes.
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.metadata as md
+import io
 import os
 import shutil
 import site
@@ -41,15 +43,18 @@ def _normalized(name: str) -> str:
 
 
 def _record(dist) -> list[str] | None:
-    """The paths ``dist``'s RECORD lists (None: it has none). A RECORD whose paths hold commas
-    without the CSV quoting (some rewritten wheels: SGLang's MoE configs are named
-    ``E=...,N=...,device_name=...json``) makes ``importlib.metadata`` fail on its columns;
-    such a RECORD is read row by row instead: the hash and the size never hold a comma."""
+    """The paths ``dist``'s RECORD lists (None: it has none). A wheel whose RECORD held paths
+    with commas unquoted (some rewritten wheels: SGLang's MoE configs are named
+    ``E=...,N=...,device_name=...json``) installs with a RECORD that ``importlib.metadata``
+    cannot read (pip writes such a path once cut at its commas, once quoted); such a RECORD is
+    read here row by row: a row of more than three columns is a path with commas, and a cut
+    row names a path that does not exist, which is harmless here."""
     try:
         files = dist.files
     except (ValueError, TypeError):  # 3.12: int('device_name=...'); 3.11: too many columns
         text = dist.read_text("RECORD") or ""
-        return [row.rsplit(",", 2)[0] for row in text.splitlines() if row.strip()]
+        return [",".join(row[:-2]) if len(row) > 3 else row[0]
+                for row in csv.reader(io.StringIO(text)) if row]
     return None if files is None else [str(f) for f in files]
 
 

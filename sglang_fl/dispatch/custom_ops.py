@@ -187,7 +187,7 @@ def make_caller(spec: OpSpec, op, slot, obj=None):
     src = (f"def call{spec.signature}:\n"
            # Outside torch.compile (eager prefill, the decode CUDA graph's capture) the op node
            # buys nothing and its copies of written inputs cost kernels: call the slot itself.
-           # Dynamo folds this test to False where it traces.
+           # Where dynamo traces, it folds is_compiling() to True: this branch is not traced.
            f"    if not _compiling():\n"
            f"        try:\n"
            f"            return _slot.fn({every})\n"

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
+#: The dtypes the kernel computes as SGLang's does (in fp32, rounded once); others go to FlagGems.
+_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
 #: Channels per program: 8 per thread at 4 warps (one 16-byte load per half at bf16).
 _BLOCK = 1024
 
@@ -24,8 +29,6 @@ _BLOCK = 1024
 def silu_and_mul(x):
     """``[..., 2d] -> [..., d]``, in ``x``'s dtype. ``x``'s last dimension must be contiguous
     (any stride between rows): `supports` says whether this kernel can take ``x``."""
-    import torch
-
     d = x.shape[-1] // 2
     flat = x.dim() == 2  # what SGLang passes: no view to make on the hot path
     rows = x if flat else x.reshape(-1, x.shape[-1])
@@ -38,8 +41,10 @@ def silu_and_mul(x):
 
 
 def supports(x) -> bool:
-    """Whether `silu_and_mul` takes ``x``: an even last dimension, contiguous, on a device."""
-    return x.device.type != "cpu" and x.shape[-1] % 2 == 0 and x.stride(-1) == 1
+    """Whether `silu_and_mul` takes ``x``: fp16/bf16/fp32, an even last dimension, contiguous,
+    on a device (the backend's: FlagGems' device, on which Triton launches)."""
+    return (x.dtype in _DTYPES and x.device.type != "cpu" and x.shape[-1] % 2 == 0
+            and x.stride(-1) == 1)
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,6 +27,9 @@ CPU_MAX_TOTAL_TOKENS = 8192
 #: 800k slots, 7-8 GB, for a 64-wide model).
 CPU_MAX_MAMBA_CACHE_SIZE = CPU_MAX_TOTAL_TOKENS // 64
 STATE_DTYPES = ("float32", "bfloat16", "float16")
+#: ``--dtype`` spellings SGLang accepts for those (SGLANG_MAMBA_CONV_DTYPE knows only the names
+#: above: it reads anything else as bf16, silently).
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 
 
 #: config.json keys only a model with recurrent-state (Mamba/GDN) layers has.
@@ -105,17 +108,19 @@ def apply_defaults(settings, server_args) -> dict[str, tuple[object, str]]:
     changed = {}
     plan = _plan(settings, server_args)
     dtype = getattr(server_args, "dtype", None)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     # SGLang keeps the GDN/Mamba conv state in bf16 whatever the model's dtype. On CPU an fp32
     # model then drifts from HF after a few tokens, so there both states follow --dtype. On a
-    # GPU, 0.5.11's Triton causal_conv1d_fn does not compile for an fp32 input with a bf16 state
-    # ("Mismatched type for col0", H100 2026-12-05: the op fell to the PyTorch reference), so
-    # there the conv state follows an fp32 --dtype.
+    # GPU, 0.5.11's Triton causal_conv1d_fn does not compile for an input whose dtype is not the
+    # state's ("Mismatched type for col0", H100 2026-12-05: an fp32 model's conv fell to the
+    # PyTorch reference), so there the conv state follows an fp32 or fp16 --dtype. (--dtype
+    # auto is not covered: what it resolves to is read from the checkpoint later.)
     conv_why = None
     if settings.platform == "cpu" and dtype in STATE_DTYPES:
         plan["mamba_ssm_dtype"] = (dtype, "hybrid models' recurrent state follows --dtype on CPU")
         conv_why = "hybrid models' conv state follows --dtype on CPU"
-    elif settings.platform != "cpu" and dtype == "float32":
-        conv_why = ("hybrid models' conv state follows an fp32 --dtype: SGLang's Triton "
+    elif settings.platform != "cpu" and dtype in ("float32", "float16"):
+        conv_why = ("hybrid models' conv state follows --dtype: SGLang's Triton "
                     "causal_conv1d_fn needs the input's dtype")
     env = adapter.MAMBA_CONV_DTYPE_ENV
     if conv_why and env and env not in os.environ:

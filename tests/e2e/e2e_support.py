@@ -102,10 +102,15 @@ MADE_AHEAD = {"qwen3.6-27b-4l": ("qwen3.6-27b", {"num_layers": 4, "vocab_size": 
 
 
 #: The marker a writer of ``$SGLANG_FL_TEST_MODELS`` keeps there while it writes (`made_ahead`
-#: waits for it to go; the GPU verify removes the folder, marker included, if writing fails).
+#: waits for it to go; `make_ahead` removes it also when writing fails).
 WRITING = ".writing"
-#: How long `made_ahead` waits for that writer.
-AHEAD_WAIT_SECONDS = 900
+
+
+def ahead_wait_seconds() -> float:
+    """How long `made_ahead` waits for that writer: ``SGLANG_FL_TEST_AHEAD_WAIT`` (the GPU verify
+    sets it below its empty-mode timeout, so a slow writer is named rather than killed), else
+    900 s."""
+    return float(os.environ.get("SGLANG_FL_TEST_AHEAD_WAIT", "900"))
 
 
 def made_ahead(name: str, tmp_path_factory) -> Path:
@@ -120,27 +125,41 @@ def made_ahead(name: str, tmp_path_factory) -> Path:
     root = os.environ.get("SGLANG_FL_TEST_MODELS")
     if not root:
         return make_tiny_model(tmp_path_factory.mktemp("model") / name, preset=preset, **options)
-    deadline = time.monotonic() + AHEAD_WAIT_SECONDS
+    wait = ahead_wait_seconds()
+    deadline = time.monotonic() + wait
     while (Path(root) / WRITING).exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{root}/{WRITING} still there after {AHEAD_WAIT_SECONDS} s: "
-                               "the checkpoints written ahead never finished")
+            raise TimeoutError(f"{root}/{WRITING} still there after {wait:g} s: the checkpoints "
+                               "written ahead did not finish in time")
         time.sleep(1)
     return make_tiny_model(Path(root) / name, preset=preset, **options)
 
 
 def make_ahead(root: str) -> None:
     """Write every `MADE_AHEAD` checkpoint under ``root`` (``python tests/e2e/e2e_support.py
-    ROOT``, from the GPU verify), with `WRITING` there until they are written (on a failure it
-    stays: the caller removes the folder)."""
+    ROOT``, from the GPU verify), with `WRITING` there until it ends, also by an error. Each is
+    written beside its place and moved in whole, so a reader never sees half of one; one
+    already there whole is reused, a leftover of a killed writer replaced."""
+    import shutil
+
     from sglang_fl.models import make_tiny_model
+    from sglang_fl.models.tiny import MANIFEST
 
     marker = Path(root) / WRITING
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    for name, (preset, options) in MADE_AHEAD.items():
-        print(make_tiny_model(Path(root) / name, preset=preset, **options), flush=True)
-    marker.unlink()
+    try:
+        for name, (preset, options) in MADE_AHEAD.items():
+            final, partial = Path(root) / name, Path(root) / f"{name}.partial"
+            if final.exists() and not (final / MANIFEST).exists():
+                shutil.rmtree(final)  # a killed writer's (before this was atomic)
+            if not final.exists():
+                shutil.rmtree(partial, ignore_errors=True)
+                make_tiny_model(partial, preset=preset, **options)
+                os.replace(partial, final)
+            print(make_tiny_model(final, preset=preset, **options), flush=True)  # checks it
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def shared_mem_fraction(workers: int) -> float:

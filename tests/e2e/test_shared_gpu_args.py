@@ -67,6 +67,47 @@ def test_made_ahead_waits_for_the_writer_then_reuses_its_checkpoint(tmp_path, mo
     assert made == [(path, {"preset": "qwen3.6-27b", "num_layers": 4, "vocab_size": 32768})]
 
     marker.touch()
-    monkeypatch.setattr(e2e_support, "AHEAD_WAIT_SECONDS", 0.5)
+    monkeypatch.setenv("SGLANG_FL_TEST_AHEAD_WAIT", "0.5")
     with pytest.raises(TimeoutError, match=r"\.writing still there after 0.5 s"):
         e2e_support.made_ahead("qwen3.6-27b-4l", tmp_path_factory=None)
+
+
+def test_make_ahead_moves_whole_checkpoints_in_and_always_clears_its_marker(tmp_path, monkeypatch):
+    """Each checkpoint is written beside its place and moved in whole; a leftover without a
+    manifest (a killed writer's) is replaced, a whole one reused; `.writing` goes also when
+    writing fails."""
+    import e2e_support
+
+    import sglang_fl.models as models
+    from sglang_fl.models.tiny import MANIFEST
+
+    seen = []
+
+    def fake_make(path, **options):
+        seen.append((path.name, (tmp_path / e2e_support.WRITING).exists()))
+        path.mkdir(parents=True, exist_ok=True)
+        (path / MANIFEST).write_text("{}")
+        return path
+
+    monkeypatch.setattr(models, "make_tiny_model", fake_make)
+    leftover = tmp_path / "qwen3.6-27b-4l"
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_text("half")
+    e2e_support.make_ahead(str(tmp_path))
+    assert seen == [("qwen3.6-27b-4l.partial", True), ("qwen3.6-27b-4l", True)]
+    assert (leftover / MANIFEST).exists() and not (leftover / "model.safetensors").exists()
+    assert not (tmp_path / "qwen3.6-27b-4l.partial").exists()
+    assert not (tmp_path / e2e_support.WRITING).exists()
+
+    seen.clear()
+    e2e_support.make_ahead(str(tmp_path))  # whole: reused, not rewritten
+    assert seen == [("qwen3.6-27b-4l", True)]
+
+    def failing(path, **options):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(models, "make_tiny_model", failing)
+    (leftover / MANIFEST).unlink()
+    with pytest.raises(RuntimeError, match="disk full"):
+        e2e_support.make_ahead(str(tmp_path))
+    assert not (tmp_path / e2e_support.WRITING).exists()

@@ -190,7 +190,7 @@ def test_hybrid_cpu_defaults_reach_hybrid_models_only(sglang_with_plugin, tmp_pa
 
 
 def test_the_conv_state_follows_an_fp32_dtype_on_a_gpu(sglang_with_plugin, monkeypatch):
-    """On a GPU an fp32 hybrid gets an fp32 conv state (SGLang's Triton causal_conv1d_fn does
+    """On a GPU an fp32 (or fp16, by any spelling) hybrid gets a conv state of its dtype (SGLang's Triton causal_conv1d_fn does
     not compile for an fp32 input with its bf16 default: the op fell to the PyTorch reference
     on the H100, 2026-12-05); a bf16 model keeps SGLang's default, and the user's own
     variable wins."""
@@ -204,6 +204,10 @@ def test_the_conv_state_follows_an_fp32_dtype_on_a_gpu(sglang_with_plugin, monke
     monkeypatch.delenv(env, raising=False)
     changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="float32")))
     assert os.environ[env] == "float32" and "causal_conv1d_fn" in changed[env][1]
+    for spelling, name in (("half", "float16"), ("float", "float32"), ("float16", "float16")):
+        monkeypatch.delenv(env)
+        apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype=spelling)))
+        assert os.environ[env] == name, spelling  # the name SGLang reads (else it takes bf16)
     monkeypatch.delenv(env)
     changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="bfloat16")))
     assert env not in os.environ and env not in changed

@@ -58,7 +58,8 @@ def test_matches_the_reference(interpreted, dtype, shape, d, pad):
 
 
 def test_takes_only_what_it_can():
-    """CPU tensors, odd widths and a non-contiguous last dimension go to FlagGems instead."""
+    """CPU tensors, odd widths, a non-contiguous last dimension and other dtypes go to FlagGems
+    instead."""
     from sglang_fl.kernels.silu_mul import supports
 
     meta = torch.empty(4, 16, device="meta")
@@ -66,3 +67,5 @@ def test_takes_only_what_it_can():
     assert not supports(torch.empty(4, 16))
     assert not supports(torch.empty(4, 15, device="meta"))
     assert not supports(torch.empty(16, 4, device="meta").t())
+    assert not supports(torch.empty(4, 16, device="meta", dtype=torch.float64))
+    assert supports(torch.empty(4, 16, device="meta", dtype=torch.bfloat16))

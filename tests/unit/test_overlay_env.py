@@ -101,16 +101,24 @@ def test_the_command_line_checks_its_own_result(tmp_path):
 
 def test_a_record_with_unquoted_commas_in_its_paths_is_still_read(tmp_path, site):
     """GPU host, 2026-12-05: a rewritten sglang wheel listed ``E=128,N=768,device_name=...json``
-    unquoted in its RECORD, and ``importlib.metadata`` failed reading the size column; the
-    overlay must still leave out exactly that distribution's files, and keep a kept one's."""
-    for name, rel in (("drop-me", "dropme/E=1,N=2,device=X.json"),
-                      ("keep-me", "keepme/E=3,N=4,device=Y.json")):
+    unquoted in its RECORD, pip installed it with a RECORD ``importlib.metadata`` cannot read;
+    the overlay must still leave out exactly that distribution's files, and keep a kept one's.
+    A row of more than three columns (a path with commas, unquoted) is read too."""
+    # in the folder both share, so each file is linked or left out by its own RECORD row
+    for name, rel in (("drop-me", "ns/E=1,N=2,device=X.json"),
+                      ("keep-me", "ns/E=3,N=4,device=Y.json")):
         (site / rel).write_text("{}")
         info = site / f"{name.replace('-', '_')}-1.0.dist-info"
         with (info / "RECORD").open("a") as record:
-            record.write(f"{rel},sha256=abc,2\n")
+            # as pip 23 installs such a wheel: the path once cut at its commas, once quoted
+            record.write(f"{rel}\n\"{rel}\",,\n")
+    info = site / "drop_me-1.0.dist-info"
+    with (info / "RECORD").open("a") as record:
+        record.write("ns/a,b.txt,sha256=abc,2\n")
+    (site / "ns" / "a,b.txt").write_text("x")
     python = _overlay_env().make(tmp_path / "overlay", ["drop-me"], site_dirs=[site])
     target = next((tmp_path / "overlay").glob("lib/python*/site-packages"))
-    assert not (target / "dropme").exists()
-    assert (target / "keepme" / "E=3,N=4,device=Y.json").exists()
+    assert not (target / "ns" / "E=1,N=2,device=X.json").exists()
+    assert not (target / "ns" / "a,b.txt").exists()
+    assert (target / "ns" / "E=3,N=4,device=Y.json").exists()
     assert python.exists()

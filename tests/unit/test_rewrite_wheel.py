@@ -57,3 +57,30 @@ def test_only_and_keep_select_a_subset_and_a_second_run_changes_nothing(tmp_path
     before = out.read_bytes()
     tool.main([str(out), *options])
     assert out.read_bytes() == before
+
+
+def test_a_wheel_trimmed_with_an_unquoted_record_is_mended(tmp_path):
+    """A bundle trimmed before RECORDs were quoted loses nothing on a second trim, but its
+    RECORD is rewritten; the copy to another ``--out`` is the rewritten one."""
+    whl = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("pkg/__init__.py", "")
+        z.writestr(MOE, "{}")
+        z.writestr("pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n")
+        z.writestr("pkg-1.0.dist-info/RECORD",
+                   f"pkg/__init__.py,sha256=x,0\n{MOE},sha256=y,2\npkg-1.0.dist-info/RECORD,,\n")
+    tool = _tool()
+    out = tmp_path / "out.whl"
+    assert tool.main([str(whl), "--out", str(out)]) == 0
+    with zipfile.ZipFile(out) as z:
+        z.extractall(tmp_path / "site")
+    dist = md.PathDistribution(tmp_path / "site" / "pkg-1.0.dist-info")
+    assert MOE in {str(f) for f in dist.files}
+    assert tool.rewrite(str(out), str(out), tool.keeper(_args()))[2] is False  # sound now
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+
+
+def _args():
+    import argparse
+
+    return argparse.Namespace(drop=[], drop_suffix=[], only=[], only_suffix=[], keep=[])
