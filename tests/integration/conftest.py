@@ -6,6 +6,7 @@ reference backend pinned (strict), so a numerics test can never pass through a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -49,3 +50,24 @@ def run_python(code: str, env: dict | None = None, timeout: int = 240) -> subpro
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def interpreted_kernel(launcher, kernel_module: str, kernel_name: str):
+    """``launcher._kernel()`` returning ``kernel_module.kernel_name`` run by Triton's interpreter
+    on this CPU (``TRITON_INTERPRET=1``: each program's block operations in numpy): the kernel
+    module is imported afresh with the variable set (Triton reads it when ``@triton.jit`` runs),
+    and the previous module is put back afterwards."""
+    import importlib
+
+    saved = sys.modules.pop(kernel_module, None)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRITON_INTERPRET", "1")
+            module = importlib.import_module(kernel_module)
+            mp.setattr(launcher, "_kernel", lambda: getattr(module, kernel_name))
+            yield launcher
+    finally:
+        sys.modules.pop(kernel_module, None)
+        if saved is not None:
+            sys.modules[kernel_module] = saved

@@ -14,15 +14,13 @@ in program order); the GPU suite repeats the race-prone case hundreds of times
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
 
 import pytest
 import torch
 
 from sglang_fl.dispatch.ops import op_spec
-from tests.integration.conftest import run_python
+from tests.integration.conftest import interpreted_kernel, run_python
 
 pytest.importorskip("triton", reason="the RoPE kernel is Triton; triton is not installed here")
 
@@ -35,20 +33,11 @@ TOL = op_spec("rotary_embedding").tolerance
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """``sglang_fl.kernels.rope`` launching its kernel through Triton's interpreter: the kernel
-    module is imported afresh with TRITON_INTERPRET=1 (Triton reads it when ``@triton.jit``
-    runs), and the previous state is restored afterwards."""
+    """``sglang_fl.kernels.rope`` launching its kernel through Triton's interpreter."""
     from sglang_fl.kernels import rope
 
-    saved = sys.modules.pop(KERNEL_MODULE, None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        module = importlib.import_module(KERNEL_MODULE)
-        mp.setattr(rope, "_kernel", lambda: module.rope_inplace_kernel)
-        yield rope
-    sys.modules.pop(KERNEL_MODULE, None)
-    if saved is not None:
-        sys.modules[KERNEL_MODULE] = saved
+    with interpreted_kernel(rope, KERNEL_MODULE, "rope_inplace_kernel") as launcher:
+        yield launcher
 
 
 def _layer(head_size, rot_dim, neox, cache_dtype=torch.float32, max_pos=4096):

@@ -7,13 +7,11 @@ through the dispatch on real model widths (tests/gpu)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 
 from sglang_fl.dispatch.ops import op_spec
+from tests.integration.conftest import interpreted_kernel
 
 pytest.importorskip("triton", reason="the kernel is Triton; triton is not installed here")
 
@@ -25,19 +23,11 @@ TOL = op_spec("silu_and_mul").tolerance
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """``sglang_fl.kernels.silu_mul`` launching its kernel through Triton's interpreter (the
-    kernel module imported afresh with TRITON_INTERPRET=1, the previous state restored)."""
+    """``sglang_fl.kernels.silu_mul`` launching its kernel through Triton's interpreter."""
     from sglang_fl.kernels import silu_mul
 
-    saved = sys.modules.pop(KERNEL_MODULE, None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        module = importlib.import_module(KERNEL_MODULE)
-        mp.setattr(silu_mul, "_kernel", lambda: module.silu_and_mul_kernel)
-        yield silu_mul
-    sys.modules.pop(KERNEL_MODULE, None)
-    if saved is not None:
-        sys.modules[KERNEL_MODULE] = saved
+    with interpreted_kernel(silu_mul, KERNEL_MODULE, "silu_and_mul_kernel") as launcher:
+        yield launcher
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
