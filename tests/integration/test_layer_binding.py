@@ -201,7 +201,11 @@ def test_the_conv_state_follows_an_fp32_dtype_on_a_gpu(sglang_with_plugin, monke
 
     env = get_adapter().MAMBA_CONV_DTYPE_ENV
     cuda = build_settings(env={}, detect_platform=lambda: "cuda")
-    monkeypatch.delenv(env, raising=False)
+    # apply_defaults writes os.environ itself: setenv first makes monkeypatch record the
+    # variable's state now (delenv of an absent one records nothing), so it is restored after;
+    # a leaked value would reach the served tests' servers.
+    monkeypatch.setenv(env, "unset-by-this-test")
+    monkeypatch.delenv(env)
     changed = apply_defaults(cuda, user_input(ServerArgs(model_path="dummy", dtype="float32")))
     assert os.environ[env] == "float32" and "causal_conv1d_fn" in changed[env][1]
     for spelling, name in (("half", "float16"), ("float", "float32"), ("float16", "float16")):
