@@ -67,8 +67,8 @@
 #            in the overlay, the four empty-mode servers at once (dense, MoE, the tiny and the
 #            27B-shaped hybrids; EMPTY_MEM_FRACTION each, default 0.3) with doctor in empty mode.
 #            The 27B-shaped checkpoint (minutes of CPU) is written from the start beside the rest
-#            (tests/e2e/e2e_support.py MADE_AHEAD, into SGLANG_FL_TEST_MODELS); only the test
-#            that serves it waits for it.
+#            (tests/e2e/e2e_support.py MADE_AHEAD, into VERIFY_MODELS, which the empty-mode
+#            tests read as SGLANG_FL_TEST_MODELS); only the test that serves it waits for it.
 #            Without an overlay, empty mode uninstalls SGLang's kernels after the suite, as
 #            before (H200, 2026-12-03: ~555 s in series). Each step's duration and the total go
 #            to $OUT/verify-durations.txt. VERIFY_FRESH=1 (default) first removes the JIT and

@@ -21,20 +21,24 @@ import csv
 import hashlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
 
 
 def keeper(args):
+    keep_names, only, only_suffix = set(args.keep), tuple(args.only), tuple(args.only_suffix)
+    drop, drop_suffix = tuple(args.drop), tuple(args.drop_suffix)
+
     def keep(name: str) -> bool:
-        if name in args.keep or name.split("/", 1)[0].endswith(".dist-info"):
+        if name in keep_names or name.split("/", 1)[0].endswith(".dist-info"):
             return True
-        if args.only and not name.startswith(tuple(args.only)):
+        if only and not name.startswith(only):
             return False
-        if args.only_suffix and not name.endswith(tuple(args.only_suffix)):
+        if only_suffix and not name.endswith(only_suffix):
             return False
-        return not (name.startswith(tuple(args.drop)) or name.endswith(tuple(args.drop_suffix)))
+        return not (name.startswith(drop) or name.endswith(drop_suffix))
     return keep
 
 
@@ -46,8 +50,8 @@ def record_ok(text: str, names: set[str]) -> bool:
 
 def rewrite(src: str, out: str, keep) -> tuple[int, int, bool]:
     """Write ``out`` from ``src`` with the files ``keep(name)`` accepts and a new RECORD;
-    returns (files kept, files dropped, whether ``out`` was written). Nothing is written when nothing is dropped and the
-    RECORD is sound (an earlier trim that wrote commas unquoted is rewritten)."""
+    returns (files kept, files dropped, whether ``out`` was written). Nothing is written when
+    nothing is dropped and the RECORD is sound (an earlier trim's unquoted one is rewritten)."""
     with zipfile.ZipFile(src) as zin:
         record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
         infos = [i for i in zin.infolist() if i.filename != record_name]
@@ -87,8 +91,6 @@ def main(argv=None) -> int:
     before = os.path.getsize(args.src)
     kept, dropped, written = rewrite(args.src, out, keeper(args))
     if not written and not (os.path.exists(out) and os.path.samefile(args.src, out)):
-        import shutil
-
         shutil.copyfile(args.src, out)  # nothing to change: the wheel as it is
     print(f"{os.path.basename(args.src)}: kept {kept} files, dropped {dropped}: "
           f"{before / 2**20:.1f} -> {os.path.getsize(out) / 2**20:.1f} MiB")

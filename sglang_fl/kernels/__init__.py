@@ -7,3 +7,9 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
 - `silu_mul`: ``silu_and_mul`` for the ``flagos`` backend, because FlagGems 5.0.2's costs
   ~145 us of launch per eager call (the largest FlagGems-only prefill gap) and runs slower.
 """
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``): Triton block sizes, computed
+    without importing Triton."""
+    return 1 << max(0, n - 1).bit_length()

@@ -29,6 +29,8 @@ from __future__ import annotations
 import functools
 import types
 
+from sglang_fl.kernels import next_power_of_2
+
 #: Elements of one half-tile ([heads, rotary_dim // 2]) a program aims for: 4 per thread at 4
 #: warps, i.e. 1 KiB (fp16) to 2 KiB (fp32) per load.
 _TILE = 512
@@ -91,10 +93,10 @@ def launch_plan(query, key, cos, sin, position_ids, head_size, rotary_interleave
 def _geometry(half, head_size, q_heads, k_heads, interleaved, cos_shape, sin_shape):
     """``(q_blocks, q_blocks + k_blocks, meta)`` of one layer shape, checked once."""
     _check(half, head_size, cos_shape, sin_shape)
-    block_half = _next_power_of_2(half)
+    block_half = next_power_of_2(half)
     # Heads per tile: the smaller head count (Llama-3-8B: 32 q / 8 k, so k wastes no rows), up
     # to _TILE elements, and at least one element per thread of one warp.
-    block_heads = min(_next_power_of_2(min(q_heads, k_heads)), max(1, _TILE // block_half))
+    block_heads = min(next_power_of_2(min(q_heads, k_heads)), max(1, _TILE // block_half))
     block_heads = max(block_heads, 32 // block_half, 1)
     num_warps = max(1, min(4, block_heads * block_half // 128))
     q_blocks = -(-q_heads // block_heads)
@@ -109,10 +111,6 @@ def _check(half, head_size, cos_shape, sin_shape) -> None:
         raise ValueError(f"rotary_dim {2 * half} exceeds head_size {head_size}")
     if sin_shape != cos_shape:
         raise ValueError(f"cos {cos_shape} and sin {sin_shape} differ")
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 @functools.cache

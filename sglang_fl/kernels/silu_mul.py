@@ -19,6 +19,8 @@ import functools
 
 import torch
 
+from sglang_fl.kernels import next_power_of_2
+
 #: The dtypes the kernel computes as SGLang's does (in fp32, rounded once); others go to FlagGems.
 _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
@@ -50,12 +52,8 @@ def supports(x) -> bool:
 @functools.lru_cache(maxsize=64)
 def _geometry(d: int) -> tuple[int, int]:
     """Channels per program and warps, for rows of ``2 * d``."""
-    block = min(_BLOCK, _next_power_of_2(d))
+    block = min(_BLOCK, next_power_of_2(d))
     return block, max(1, min(4, block // 256))
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 @functools.cache
