@@ -47,11 +47,11 @@ with ``flagos-L1off+pcg``).
 Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged against HF
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
 and prompt, equal, or where they first part HF's top-1/top-2 gap, its margin over the served
-token, the near-tie bound from the rounding noise measured there, and the verdict (near-tie or
-DEFECT). HF runs after every server has stopped (a large checkpoint's fp32 copy needs the GPU
+token, the near-tie bound from the rounding noise measured there, and the verdict (near-tie,
+DEFECT, or undecided where more of HF's tokens are within the bound than it keeps). HF runs after every server has stopped (a large checkpoint's fp32 copy needs the GPU
 to itself), once per prompt: its reference is cached as JSON (``--hf-reference``) and reused
 by every configuration and by later runs on the same checkpoint. The exit status is 1 when any
-verdict is DEFECT or the check could not be made. ``--repeats 0`` serves the greedy check
+verdict is DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``.
@@ -79,9 +79,8 @@ from paired_stats import summarize_pairs  # noqa: E402
 
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 from sglang_fl.models.hf_reference import (  # noqa: E402
-    DEFECT,
+    ACCEPTED,
     NEAR_TIE_SIGMAS,
-    TOP_K,
     cached_hf_reference,
     judge,
     served_dtype,
@@ -299,14 +298,15 @@ def greedy_verdicts(served, reference):
 
 
 def exit_status(doc):
-    """1 when the greedy check found a defect or could not be made for every configuration (no
-    HF reference, a server without greedy ids), else 0: a GPU stage sees it in the exit code."""
+    """1 when the greedy check found a defect, could not decide a parting, or could not be made
+    for every configuration (no HF reference, a server without greedy ids), else 0: a GPU stage
+    sees it in the exit code."""
     greedy = doc.get("greedy", {})
     verdicts = greedy.get("verdicts")
     if not verdicts or "hf_error" in greedy:
         return 1
     for rows in verdicts.values():
-        if isinstance(rows, dict) or any(r["verdict"] == DEFECT for r in rows):
+        if isinstance(rows, dict) or any(r["verdict"] not in ACCEPTED for r in rows):
             return 1
     return 0
 
@@ -780,7 +780,7 @@ def greedy_table(doc):
             continue
         for r in rows:
             margin = (num(r["margin"]) if r["margin_at_least"] is None
-                      else f"> {num(r['margin_at_least'])} (beyond HF's top {TOP_K})")
+                      else f"> {num(r['margin_at_least'])} (beyond HF's {r['kept']} kept)")
             lines.append(f"| {name} | {r['prompt']} | {'yes' if r['equal'] else 'no'} | "
                          f"{'-' if r['step'] is None else r['step']} | "
                          + ("-" if r["equal"] else f"{r['hf_token']} / {r['served_token']}")

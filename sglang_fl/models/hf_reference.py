@@ -17,14 +17,22 @@ A served token wins over HF's when ``margin`` (HF's logit of its own token minus
 served one) is below the two logits' noise, whose deviation is ``sqrt(2) * noise`` for
 independent errors; `NEAR_TIE_SIGMAS` of it is the bound:
 
-    near-tie  <=>  served token in HF's top `TOP_K` and margin <= NEAR_TIE_SIGMAS * sqrt(2) * noise
+    near-tie  <=>  margin <= NEAR_TIE_SIGMAS * sqrt(2) * noise
 
 Four deviations: a Gaussian error that large in the served token's favour comes once in ~30 000
 draws, while the served kernels' rounding differs from the witness' (another reduction order,
 fused kernels that keep fp32 longer or shorter) by a factor of order one, not four. A fp32
 server with no TF32 (the CPU) has no witness: its bound is 0, and any parting is a defect.
 
-The reference for a prompt is computed once (HF's greedy ids, the top `TOP_K` logits and the
+Each step keeps every HF logit a near-tie can reach: the top `TOP_K` and every token within the
+bound of HF's own (at most `MAX_KEPT`; ``complete`` says whether that cap cut any). A served
+token beyond a complete set is then behind by more than the bound: a defect, proven. On a model
+whose rounding noise is wide (Qwen3.6-35B-A3B's random 256-expert routing in bf16 puts the
+served token beyond HF's top 8 with a bound of 2-4 logits) a fixed top 8 could not tell; a
+parting beyond a cut set whose least margin is still within the bound is ``undecided``, which
+fails a check like a defect but says why.
+
+The reference for a prompt is computed once (HF's greedy ids, the kept logits and the
 noise of every step) and can be cached as JSON keyed by prompt (`cached_hf_reference`), so
 every configuration is judged against the same numbers and a large model's fp32 copy is
 loaded once, after the servers that shared its GPU are gone.
@@ -41,13 +49,17 @@ from sglang_fl.models.config import read_config, text_settings
 
 #: Standard deviations of the measured rounding noise within which a parting is a near-tie.
 NEAR_TIE_SIGMAS = 4.0
-#: HF logits kept per step: a served token beyond them is far from any tie.
+#: HF logits kept per step at least; more where more are within the near-tie bound.
 TOP_K = 8
+#: ...and at most: a step with more tokens within the bound is marked incomplete.
+MAX_KEPT = 1024
 #: Witness precisions: the served dtype's (bf16/fp16 weights and activations), or fp32 with
 #: TF32 GEMMs (CUDA only), or None (a fp32 server without TF32: bound 0).
 WITNESSES = ("bfloat16", "float16", "tf32")
 #: Verdicts of `judge`.
-EQUAL, NEAR_TIE, DEFECT = "equal", "near-tie", "DEFECT"
+EQUAL, NEAR_TIE, DEFECT, UNDECIDED = "equal", "near-tie", "DEFECT", "undecided"
+#: Verdicts a check accepts: the rest fail it.
+ACCEPTED = (EQUAL, NEAR_TIE)
 
 
 def served_dtype(server_args, config: dict) -> str:
@@ -140,9 +152,9 @@ def hf_greedy_ids(model_path, prompts, new_tokens: int, device: str = "cpu") -> 
 
 def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
                  witness: str | None = "bfloat16") -> list[dict]:
-    """Per prompt, HF's float32 greedy ids and, per step, its top `TOP_K` ids and logits and
-    the rounding noise the ``witness`` precision measures there (module docstring; 0.0 without
-    a witness). The fp32 model and a bf16/fp16 witness model are on ``device`` one after the
+    """Per prompt, HF's float32 greedy ids and, per step, the rounding noise the ``witness``
+    precision measures there (module docstring; 0.0 without a witness) and the ids and logits a
+    near-tie can reach (`kept_logits`). The fp32 model and a bf16/fp16 witness model are on ``device`` one after the
     other, never together."""
     import torch
 
@@ -168,13 +180,21 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
             free_device_memory(device)
     out = []
     for i, (ids, logits) in enumerate(runs):
-        top = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1)
         # Centred: a shift of every logit alike moves no argmax.
         noise = (seen[i] - logits).std(dim=-1).tolist() if seen else [0.0] * len(ids)
-        out.append({"ids": ids, "steps": [
-            {"top_ids": top.indices[j].tolist(), "top_logits": top.values[j].tolist(),
-             "noise": noise[j]} for j in range(len(ids))]})
+        out.append({"ids": ids, "steps": [{**kept_logits(logits[j], near_tie_bound(noise[j])),
+                                           "noise": noise[j]} for j in range(len(ids))]})
     return out
+
+
+def kept_logits(row, bound: float) -> dict:
+    """One step's logits ``row`` cut to what a near-tie can reach: the top `TOP_K` and every
+    token within ``bound`` of the top, at most `MAX_KEPT` (``complete`` False when the cap cut
+    any). Logits rounded to 1e-6, far below any bound, to keep the JSON small."""
+    within = int((row >= row.max() - bound).sum())
+    top = row.topk(min(max(TOP_K, within), MAX_KEPT, row.shape[-1]))
+    return {"top_ids": top.indices.tolist(), "top_logits": [round(v, 6) for v in top.values.tolist()],
+            "complete": within <= MAX_KEPT}
 
 
 def prompt_key(prompt) -> str:
@@ -209,7 +229,8 @@ def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
     (cut to ``new_tokens``); only the other prompts are computed, then the file is rewritten.
     The entries say ``"cached": True`` when they came from the file."""
     cache = Path(cache)
-    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K}
+    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K,
+              "max_kept": MAX_KEPT}
     doc = {}
     if cache.exists():
         with contextlib.suppress(OSError, ValueError):
@@ -239,13 +260,14 @@ def near_tie_bound(noise: float) -> float:
 def judge(got, reference: dict) -> dict:
     """Served greedy ids ``got`` against one prompt's `hf_reference` entry: whether they are
     equal over the steps both have, else the first parting step, HF's top-1/top-2 gap and its
-    margin over the served token there (or, for a served token beyond HF's top `TOP_K`, the
-    least it can be: ``margin_at_least``), the bound and the verdict."""
+    margin over the served token there (or, for a served token beyond the ``kept`` logits, the
+    least it can be: ``margin_at_least``), the bound and the verdict: near-tie within the bound,
+    DEFECT beyond it or beyond a complete kept set, else undecided (module docstring)."""
     want = reference["ids"]
     step = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
     out = {"equal": step is None, "step": step, "hf_token": None, "served_token": None,
            "gap": None, "margin": None, "margin_at_least": None, "noise": None, "bound": None,
-           "verdict": EQUAL}
+           "kept": None, "verdict": EQUAL}
     if step is None:
         return out
     at = reference["steps"][step]
@@ -254,9 +276,12 @@ def judge(got, reference: dict) -> dict:
     others = [v for t, v in logit.items() if t != want[step]]
     bound = near_tie_bound(at["noise"])
     margin = best - logit[got[step]] if got[step] in logit else None
+    least = None if margin is not None else best - min(at["top_logits"])
+    if margin is not None:
+        verdict = NEAR_TIE if margin <= bound else DEFECT
+    else:  # a reference cached before `complete` existed kept the top 8 only
+        verdict = DEFECT if at.get("complete", False) or least > bound else UNDECIDED
     out.update(hf_token=want[step], served_token=got[step],
-               gap=best - max(others) if others else None, margin=margin,
-               margin_at_least=None if margin is not None else best - min(at["top_logits"]),
-               noise=at["noise"], bound=bound,
-               verdict=NEAR_TIE if margin is not None and margin <= bound else DEFECT)
+               gap=best - max(others) if others else None, margin=margin, margin_at_least=least,
+               noise=at["noise"], bound=bound, kept=len(logit), verdict=verdict)
     return out

@@ -34,7 +34,7 @@ from e2e_support import (
     standin_calls_in,
 )
 
-from sglang_fl.models.hf_reference import DEFECT, hf_reference, judge
+from sglang_fl.models.hf_reference import ACCEPTED, hf_reference, judge
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
@@ -104,7 +104,7 @@ def _check_near_ties(got, ref):
     """Greedy ids equal HF's over the reference's steps, or part where HF's own top logits are
     within the rounding its witness measured there (sglang_fl/models/hf_reference.py)."""
     verdicts = [judge(g, r) for g, r in zip(got, ref, strict=True)]
-    assert not [v for v in verdicts if v["verdict"] == DEFECT], verdicts
+    assert not [v for v in verdicts if v["verdict"] not in ACCEPTED], verdicts
 
 
 #: SGLang's GDN kernel entry points on a GPU (ledger route:gdn-kernels); the decode one is

@@ -1,6 +1,6 @@
 """benchmarks/e2e_bench.py's greedy check end to end on CPU, as the GPU ``shapes`` stage runs it
 on Qwen3.6's shapes: a tiny Qwen3.5-MoE hybrid (Gated DeltaNet, gated attention, routed and
-shared experts) served by a real SGLang server, its greedy ids judged against HF transformers'
+shared experts), and Qwen3.6-35B-A3B's structure at a CPU's width, served by a real SGLang server, its greedy ids judged against HF transformers'
 fp32 reference prompt by prompt. Served in fp32 on CPU there is no rounding witness: every
 prompt must equal HF, and the run's exit status is 0."""
 
@@ -24,11 +24,22 @@ if get_adapter().CPU_HYBRID_MISSING_OPS:
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import e2e_bench  # noqa: E402
 
+#: Qwen3.6-35B-A3B's structure at a CPU's width: its 256 experts with 8 per token, 16 query
+#: heads of 256 over 2 KV heads, Gated DeltaNet with twice the value heads of key heads, and its
+#: initialiser (near-uniform routing). On the GPU in bf16 every configuration, SGLang's own
+#: kernels included, parts from HF's fp32 ids there (2026-12-05); in fp32 they must not part.
+QWEN36_35B_A3B_NARROW = dict(preset="qwen3.6-35b-a3b", dtype="float32", hidden_size=256,
+                             num_layers=4, intermediate_size=128, moe_intermediate_size=64,
+                             shared_expert_intermediate_size=64, vocab_size=8192)
 
-def test_served_moe_hybrid_equals_hf_through_the_benchmarks_greedy_check(tmp_path, monkeypatch):
+
+@pytest.mark.parametrize("spec", [dict(preset="qwen3.5-moe"), QWEN36_35B_A3B_NARROW],
+                         ids=["qwen3.5-moe", "qwen3.6-35b-a3b-narrow"])
+def test_served_moe_hybrid_equals_hf_through_the_benchmarks_greedy_check(tmp_path, monkeypatch,
+                                                                          spec):
     from sglang_fl.models import make_tiny_model
 
-    model = make_tiny_model(tmp_path / "tiny-qwen3.5-moe", preset="qwen3.5-moe")
+    model = make_tiny_model(tmp_path / "model", **spec)
     monkeypatch.setattr(e2e_bench, "SERVER_ARGS", list(e2e_bench.SERVER_ARGS))
     out = tmp_path / "out" / "e2e.json"
     doc = e2e_bench.main(["--model", str(model), "--out", str(out), "--log-dir", str(tmp_path / "logs"),

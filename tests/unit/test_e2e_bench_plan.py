@@ -429,7 +429,7 @@ def test_greedy_check_judges_each_prompt_and_fails_the_run_on_a_defect(tmp_path,
         assert (r["equal"], r["step"], r["served_token"], r["verdict"]) == (False, 0, 0, "DEFECT")
         assert r["gap"] > 0 and r["noise"] > 0 and r["bound"] == pytest.approx(
             hf_reference.near_tie_bound(r["noise"]))
-        assert r["margin"] is None and r["margin_at_least"] > 0  # token 0: not in HF's top 8
+        assert r["margin"] is None and r["margin_at_least"] > 0  # token 0: not among HF's kept
     assert greedy["match"] == {"native-L1off": 1.0, "fl-defaults": 0.0}
     assert e2e_bench.exit_status(doc) == 1
     console = capsys.readouterr().out
@@ -453,6 +453,8 @@ def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
     assert e2e_bench.exit_status({"greedy": {"verdicts": {"a": [equal], "b": {"error": "x"}}}}) == 1
     assert e2e_bench.exit_status({"greedy": {"hf_error": "OutOfMemoryError: ..."}}) == 1
     assert e2e_bench.exit_status({"greedy": {}}) == 1
+    undecided = {"equal": False, "verdict": "undecided"}
+    assert e2e_bench.exit_status({"greedy": {"verdicts": {"a": [equal, undecided]}}}) == 1
     ref = [{"ids": [1, 2], "steps": [{"top_ids": [1], "top_logits": [1.0], "noise": 0.0}] * 2}]
     verdicts = e2e_bench.greedy_verdicts({"a": [[1, 2]], "b": "ServerStartError: exited"}, ref)
     assert verdicts["a"][0]["verdict"] == "equal"

@@ -54,6 +54,44 @@ def test_a_token_beyond_hfs_top_k_is_a_defect_with_the_least_margin_it_can_have(
     assert v["verdict"] == hr.DEFECT
 
 
+def test_each_step_keeps_the_top_k_and_every_token_a_near_tie_can_reach():
+    torch = pytest.importorskip("torch")
+    row = torch.arange(100, dtype=torch.float32) / 10  # 9.9, 9.8, ... 0.0
+    few = hr.kept_logits(row, 0.25)  # 3 within the bound: the top 8 are kept
+    assert few["top_ids"] == list(range(99, 91, -1)) and few["complete"]
+    assert few["top_logits"][:3] == pytest.approx([9.9, 9.8, 9.7])
+    many = hr.kept_logits(row, 2.05)  # 21 within the bound (9.9 down to 7.9)
+    assert len(many["top_ids"]) == 21 and many["complete"]
+    assert min(many["top_logits"]) == pytest.approx(7.9)
+
+
+def test_a_step_with_more_within_the_bound_than_the_cap_is_marked_incomplete(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(hr, "MAX_KEPT", 16)
+    cut = hr.kept_logits(torch.zeros(100), 0.5)  # all 100 tie
+    assert len(cut["top_ids"]) == 16 and not cut["complete"]
+
+
+def beyond(complete, least_logit, noise=0.5):
+    """HF's token 1 at step 0, its kept logits ending at ``least_logit``."""
+    return {"ids": [1], "steps": [{"top_ids": [1, 2, 3], "top_logits": [5.0, 4.9, least_logit],
+                                   "noise": noise, "complete": complete}]}
+
+
+def test_a_served_token_beyond_a_complete_set_is_a_proven_defect():
+    v = hr.judge([42], beyond(True, 4.8))  # least margin 0.2, within the bound 2.83
+    assert v["verdict"] == hr.DEFECT and v["margin_at_least"] == pytest.approx(0.2)
+    assert v["kept"] == 3
+
+
+def test_beyond_a_cut_set_within_the_bound_is_undecided_and_fails_the_check():
+    v = hr.judge([42], beyond(False, 4.8))
+    assert v["verdict"] == hr.UNDECIDED and hr.UNDECIDED not in hr.ACCEPTED
+    # ...but a least margin already beyond the bound is a defect, cut or not.
+    assert hr.judge([42], beyond(False, 1.0))["verdict"] == hr.DEFECT
+    assert hr.ACCEPTED == (hr.EQUAL, hr.NEAR_TIE)
+
+
 def test_without_a_witness_every_parting_is_a_defect():
     exact = entry([1, 2], [([1, 2], [1.0, 1.0 - 1e-6], 0.0), ([2, 1], [1.0, 0.5], 0.0)])
     assert hr.judge([2], exact)["verdict"] == hr.DEFECT
