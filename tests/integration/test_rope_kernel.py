@@ -131,8 +131,9 @@ def test_flagos_inplace_rope_matches_reference(sglang_with_plugin, interpreted, 
 
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 def test_kernel_prefill_many_tokens(sglang_with_plugin, interpreted, reference, neox):
-    """130 tokens (several programs per head block on the token axis), bf16 activations with
-    fp32 caches as SGLang serves, int32 positions with repeats."""
+    """130 tokens (17 row blocks of q and 9 of k, the last of each part-filled, so a program's
+    rows span tokens and the q/k boundary falls mid-grid), bf16 activations with fp32 caches as
+    SGLang serves, int32 positions with repeats."""
     head_size, rot_dim, qh, kh, tokens = 64, 64, 4, 2, 130
     seed = random.randrange(2**31)
     gen = torch.Generator().manual_seed(seed)
