@@ -1,0 +1,67 @@
+"""sglang-fl's own Triton kernels compile for NVIDIA GPUs, checked on this CPU: Triton's
+compiler lowers each kernel to PTX and assembles it with the ptxas its wheel ships, for Hopper
+(sm_90, the H100/H200 the project measures on) and Ampere (sm_80), with the meta-parameters the
+launchers really use. The interpreter tests (test_rope_kernel.py, test_silu_mul_kernel.py) check
+what the kernels compute; only a compile finds what the interpreter lets through, such as a
+branch whose two sides have different types (how SGLang's own conv1d kernel failed on the H100
+on 2026-12-05), and finding it here costs no device time."""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sglang_fl.kernels import rope, silu_mul  # noqa: E402
+
+try:
+    from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+
+    get_ptxas(90)
+except Exception as exc:  # noqa: BLE001 - a Triton without its NVIDIA backend or ptxas
+    pytest.skip(f"Triton's NVIDIA backend cannot assemble here: {exc}", allow_module_level=True)
+
+TARGETS = {"sm90": GPUTarget("cuda", 90, 32), "sm80": GPUTarget("cuda", 80, 32)}
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int, target: str):
+    """``fn`` compiled for ``target``: ``pointers`` names each pointer argument's element type,
+    every other argument not in ``constexprs`` is an i32 (the launchers pass Python ints)."""
+    names = list(fn.arg_names)
+    signature = {n: ("constexpr" if n in constexprs else f"*{pointers[n]}" if n in pointers
+                     else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=signature,
+                    constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(src, target=TARGETS[target], options={"num_warps": num_warps})
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm80"])
+@pytest.mark.parametrize(("dtype", "head_size", "rotary_dim", "interleaved"), [
+    ("bfloat16", 64, 64, False),   # Qwen2.5-0.5B
+    ("bfloat16", 128, 128, True),  # GPT-J-style pairs
+    ("float16", 256, 64, False),   # Qwen3.6's partial rotary (a quarter of 256)
+    ("float32", 128, 128, False),
+])
+def test_rope_kernel_compiles(target, dtype, head_size, rotary_dim, interleaved):
+    half = rotary_dim // 2
+    _, meta = rope._geometry(half, head_size, interleaved, (4096, half), (4096, half))
+    meta = dict(meta)
+    warps = meta.pop("num_warps")
+    t = TRITON_TYPES[dtype]
+    pointers = {"q_ptr": t, "k_ptr": t, "cos_ptr": "fp32", "sin_ptr": "fp32", "pos_ptr": "i64"}
+    kernel = compile_kernel(rope._kernel(), pointers, meta, warps, target)
+    assert kernel.asm["cubin"], "no cubin"
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm80"])
+@pytest.mark.parametrize(("dtype", "d"), [("bfloat16", 4864), ("float16", 512), ("float32", 17)])
+def test_silu_and_mul_kernel_compiles(target, dtype, d):
+    block, warps = silu_mul._geometry(d)
+    t = TRITON_TYPES[dtype]
+    kernel = compile_kernel(silu_mul._kernel(), {"x_ptr": t, "out_ptr": t}, {"BLOCK": block},
+                            warps, target)
+    assert kernel.asm["cubin"], "no cubin"
