@@ -6,6 +6,8 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
   ``apply_rotary_pos_emb`` races (compat ledger ``flaggems:rope-inplace``).
 - `silu_mul`: ``silu_and_mul`` for the ``flagos`` backend, because FlagGems 5.0.2's costs
   ~145 us of launch per eager call (the largest FlagGems-only prefill gap) and runs slower.
+- `gemma_norm`: ``gemma_rms_norm`` for the ``flagos`` backend, because FlagGems has no Gemma
+  norm (scale by ``1 + weight``) and forming that weight per call cost two kernels per norm.
 """
 
 

@@ -1,4 +1,4 @@
-"""sglang-fl's own Triton kernels compile for NVIDIA GPUs, checked on this CPU: Triton's
+"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, Gemma RMSNorm) compile for NVIDIA GPUs, checked on this CPU: Triton's
 compiler lowers each kernel to PTX and assembles it with the ptxas its wheel ships, for Hopper
 (sm_90, the H100/H200 the project measures on) and Ampere (sm_80), with the meta-parameters the
 launchers really use. The interpreter tests (test_rope_kernel.py, test_silu_mul_kernel.py) check
@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_fl.kernels import rope, silu_mul  # noqa: E402
+from sglang_fl.kernels import gemma_norm, rope, silu_mul  # noqa: E402
 
 try:
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
@@ -28,12 +28,14 @@ TARGETS = {"sm90": GPUTarget("cuda", 90, 32), "sm80": GPUTarget("cuda", 80, 32)}
 TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int, target: str):
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int, target: str,
+                   floats=()):
     """``fn`` compiled for ``target``: ``pointers`` names each pointer argument's element type,
-    every other argument not in ``constexprs`` is an i32 (the launchers pass Python ints)."""
+    ``floats`` the fp32 scalars; every other argument not in ``constexprs`` is an i32 (the
+    launchers pass Python ints)."""
     names = list(fn.arg_names)
     signature = {n: ("constexpr" if n in constexprs else f"*{pointers[n]}" if n in pointers
-                     else "i32") for n in names}
+                     else "fp32" if n in floats else "i32") for n in names}
     src = ASTSource(fn=fn, signature=signature,
                     constexprs={(names.index(n),): v for n, v in constexprs.items()})
     return triton.compile(src, target=TARGETS[target], options={"num_warps": num_warps})
@@ -64,4 +66,21 @@ def test_silu_and_mul_kernel_compiles(target, dtype, d):
     t = TRITON_TYPES[dtype]
     kernel = compile_kernel(silu_mul._kernel(), {"x_ptr": t, "out_ptr": t}, {"BLOCK": block},
                             warps, target)
+    assert kernel.asm["cubin"], "no cubin"
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm80"])
+@pytest.mark.parametrize(("dtype", "weight", "n", "residual"), [
+    ("bfloat16", "bf16", 5120, True),   # Qwen3.6-27B's hidden, with the residual
+    ("bfloat16", "bf16", 256, False),   # its q/k norms over a head
+    ("float16", "fp32", 2048, True),
+    ("float32", "fp32", 40, False),
+])
+def test_gemma_rms_norm_kernel_compiles(target, dtype, weight, n, residual):
+    block, warps = gemma_norm._geometry(n)
+    t = TRITON_TYPES[dtype]
+    kernel = compile_kernel(gemma_norm._kernel(),
+                            {"x_ptr": t, "res_ptr": t, "w_ptr": weight, "out_ptr": t},
+                            {"HAS_RESIDUAL": residual, "BLOCK": block}, warps, target,
+                            floats=("eps",))
     assert kernel.asm["cubin"], "no cubin"

@@ -19,6 +19,8 @@ sglang-fl's own kernel (``sglang_fl.kernels.rope``), because FlagGems' in-place 
 
 SiLU-and-mul on a device is sglang-fl's own kernel (``sglang_fl.kernels.silu_mul``): FlagGems'
 costs ~145 us of launch per eager call (H100), the largest FlagGems-only gap in eager prefill.
+So is the Gemma norm (``sglang_fl.kernels.gemma_norm``): FlagGems has none, and forming
+``1 + weight`` per call cost two extra kernels per norm.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
 from sglang_fl.dispatch.types import BackendImplKind
-from sglang_fl.kernels import silu_mul
+from sglang_fl.kernels import gemma_norm, silu_mul
 
 
 def ensure_triton_allocator(device: str) -> None:
@@ -95,13 +97,17 @@ class FlagGemsBackend(Backend):
         return out, total
 
     def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
-        # FlagGems has no Gemma norm: scale by 1 + weight (in fp32, as forward_native), formed
+        if residual is not None and post_residual_addition is not None:
+            residual = residual + post_residual_addition  # in x's dtype, as forward_native
+        if gemma_norm.supports(x, obj.weight, residual):
+            # FlagGems has no Gemma norm: sglang-fl's own kernel adds the 1 to the weight
+            # itself, one launch per norm (sglang_fl/kernels/gemma_norm.py).
+            return gemma_norm.gemma_rms_norm(x, obj.weight, obj.variance_epsilon, residual)
+        # Elsewhere FlagGems' plain norm with 1 + weight (in fp32, as forward_native), formed
         # per call since nothing tells us when a weight loader rewrites obj.weight.
         weight = obj.weight.float() + 1.0
         if residual is None:
             return self._gems.rms_norm(x, [x.shape[-1]], weight, obj.variance_epsilon)
-        if post_residual_addition is not None:  # in x's dtype, as GemmaRMSNorm.forward_native
-            residual = residual + post_residual_addition
         return self._gems.fused_add_rms_norm(x, residual, [x.shape[-1]], weight, obj.variance_epsilon)
 
     def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
