@@ -36,6 +36,7 @@ DEFAULT_PLATFORM_YAML = REPO / "sglang_fl" / "config" / "cuda.yaml"
 TUNED_FROM = "# tuned-from: "
 _KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):")
 _OP = re.compile(r"^  ([A-Za-z_][A-Za-z0-9_]*):")
+_UNTIMED = "not ordered by tune (nothing passed here): the platform's order kept"
 _KEPT = ("  # Not ordered by that tune run (no tuned model uses them, or they were not tuned "
          "there): kept as before.")
 
@@ -99,6 +100,15 @@ def apply(tuned_text: str, platform_text: str, tuned_from: str) -> str:
     tuned_ops = op_chunks(t_lines[t_ops[0]:t_ops[1]])
     kept = {op: chunk for op, chunk in op_chunks(p_lines[ops_span[0]:ops_span[1]]).items()
             if op not in tuned_ops}
+    # A bucket tune could not order (nothing passed there) keeps the platform's order for it.
+    before = (yaml.safe_load(platform_text) or {}).get("op_backends") or {}
+    for op, order in tuned["op_backends"].items():
+        if not isinstance(order, dict) or op not in before:
+            continue
+        for bucket in tuned.get("token_buckets") or {}:
+            old = before[op].get(bucket) if isinstance(before[op], dict) else before[op]
+            if bucket not in order and old:
+                tuned_ops[op].append(f"    {bucket}: [{', '.join(old)}]  # {_UNTIMED}")
 
     block = ["op_backends:", f"  # From `sglang-fl tune` ({tuned_from}):"]
     block += [f"  {line}" for line in _tuned_header(t_lines)]
