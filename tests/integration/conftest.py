@@ -60,7 +60,12 @@ def interpreted_kernel(launcher, kernel_module: str, kernel_name: str):
     and the previous module is put back afterwards."""
     import importlib
 
+    # ``from package import module`` finds the package's attribute before sys.modules: both
+    # are put back, or a later `_kernel()` (the compile tests') gets the interpreted module.
+    parent_name, _, child = kernel_module.rpartition(".")
+    parent = importlib.import_module(parent_name)
     saved = sys.modules.pop(kernel_module, None)
+    saved_attr = parent.__dict__.get(child)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TRITON_INTERPRET", "1")
@@ -71,3 +76,7 @@ def interpreted_kernel(launcher, kernel_module: str, kernel_name: str):
         sys.modules.pop(kernel_module, None)
         if saved is not None:
             sys.modules[kernel_module] = saved
+        if saved_attr is not None:
+            setattr(parent, child, saved_attr)
+        else:
+            parent.__dict__.pop(child, None)
