@@ -48,10 +48,11 @@ Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged 
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
 and prompt, equal, or where they first part HF's top-1/top-2 gap, its margin over the served
 token, the near-tie bound from the rounding noise measured there, and the verdict (near-tie,
-DEFECT, or undecided where more of HF's tokens are within the bound than it keeps). HF runs after every server has stopped (a large checkpoint's fp32 copy needs the GPU
-to itself), once per prompt: its reference is cached as JSON (``--hf-reference``) and reused
-by every configuration and by later runs on the same checkpoint. The exit status is 1 when any
-verdict is DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
+DEFECT, or undecided where more of HF's tokens are within the bound than it keeps). HF runs
+after every server has stopped (a large checkpoint's fp32 copy needs the GPU to itself), once
+per prompt: its reference is cached as JSON (``--hf-reference``) and reused by every
+configuration and by later runs on the same checkpoint. The exit status is 1 when any verdict
+is DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``.

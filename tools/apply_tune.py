@@ -34,7 +34,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PLATFORM_YAML = REPO / "sglang_fl" / "config" / "cuda.yaml"
 TUNED_FROM = "# tuned-from: "
-_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):")
 _OP = re.compile(r"^  ([A-Za-z_][A-Za-z0-9_]*):")
 _UNTIMED = "not ordered by tune (nothing passed here): the platform's order kept"
 _KEPT = ("  # Not ordered by that tune run (no tuned model uses them, or they were not tuned "
@@ -44,14 +43,12 @@ _KEPT = ("  # Not ordered by that tune run (no tuned model uses them, or they we
 def top_level_block(lines: list[str], key: str) -> tuple[int, int] | None:
     """``[start, end)`` of top-level ``key``'s lines: its own line and every following line
     that is indented, blank or a comment indented under it; None when absent."""
-    start = next((i for i, line in enumerate(lines) if _KEY.match(line)
-                  and _KEY.match(line).group(1) == key), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"{key}:")), None)
     if start is None:
         return None
-    end = start + 1
+    end = start + 1  # a comment at column 0 ends it: it belongs to what follows
     while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
         end += 1
-    # Comments at column 0 right after the block belong to what follows, not to the block.
     return start, end
 
 
@@ -90,7 +87,8 @@ def apply(tuned_text: str, platform_text: str, tuned_from: str) -> str:
     p_lines = platform_text.splitlines()
     t_ops = top_level_block(t_lines, "op_backends")
     t_buckets = top_level_block(t_lines, "token_buckets")
-    buckets = [line for line in t_lines[t_buckets[0]:t_buckets[1]] if line.strip()] if t_buckets else []
+    buckets = ([line for line in t_lines[t_buckets[0]:t_buckets[1]] if line.strip()]
+               if t_buckets else [])
     own_buckets = top_level_block(p_lines, "token_buckets")
     if buckets and own_buckets:  # the platform's own, superseded by the tuned file's
         del p_lines[own_buckets[0]:own_buckets[1]]
@@ -151,7 +149,8 @@ def check(platform_yaml: Path) -> str | None:
     have = yaml.safe_load(text)
     for key in ("token_buckets", "op_backends"):
         if want.get(key) != have.get(key):
-            return f"{platform_yaml.name}'s {key} differs from {named[0]} applied: {have.get(key)} != {want.get(key)}"
+            return (f"{platform_yaml.name}'s {key} differs from {named[0]} applied: "
+                    f"{have.get(key)} != {want.get(key)}")
     return None
 
 

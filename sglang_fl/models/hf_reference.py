@@ -154,8 +154,8 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
                  witness: str | None = "bfloat16") -> list[dict]:
     """Per prompt, HF's float32 greedy ids and, per step, the rounding noise the ``witness``
     precision measures there (module docstring; 0.0 without a witness) and the ids and logits a
-    near-tie can reach (`kept_logits`). The fp32 model and a bf16/fp16 witness model are on ``device`` one after the
-    other, never together."""
+    near-tie can reach (`kept_logits`). The fp32 model and a bf16/fp16 witness model are on
+    ``device`` one after the other, never together."""
     import torch
 
     if witness is not None and witness not in WITNESSES:
@@ -193,7 +193,8 @@ def kept_logits(row, bound: float) -> dict:
     any). Logits rounded to 1e-6, far below any bound, to keep the JSON small."""
     within = int((row >= row.max() - bound).sum())
     top = row.topk(min(max(TOP_K, within), MAX_KEPT, row.shape[-1]))
-    return {"top_ids": top.indices.tolist(), "top_logits": [round(v, 6) for v in top.values.tolist()],
+    return {"top_ids": top.indices.tolist(),
+            "top_logits": [round(v, 6) for v in top.values.tolist()],
             "complete": within <= MAX_KEPT}
 
 

@@ -80,3 +80,19 @@ def interpreted_kernel(launcher, kernel_module: str, kernel_name: str):
             setattr(parent, child, saved_attr)
         else:
             parent.__dict__.pop(child, None)
+
+
+def interpreted_fixture(launcher_module: str, kernel_name: str):
+    """A module-scoped fixture: the launcher ``launcher_module`` (``sglang_fl.kernels.rope``)
+    running ``kernel_name`` from its Triton source (``<launcher_module>_triton``) through
+    Triton's interpreter (`interpreted_kernel`). Assign it in a test module:
+    ``interpreted = interpreted_fixture("sglang_fl.kernels.rope", "rope_inplace_kernel")``."""
+    import importlib
+
+    @pytest.fixture(scope="module")
+    def interpreted():
+        launcher = importlib.import_module(launcher_module)
+        with interpreted_kernel(launcher, f"{launcher_module}_triton", kernel_name) as ready:
+            yield ready
+
+    return interpreted

@@ -14,23 +14,17 @@ import pytest
 import torch
 
 from sglang_fl.dispatch.ops import op_spec
-from tests.integration.conftest import interpreted_kernel
+from tests.integration.conftest import interpreted_fixture
 
 pytest.importorskip("triton", reason="the kernel is Triton; triton is not installed here")
 
 pytestmark = pytest.mark.integration
 
-KERNEL_MODULE = "sglang_fl.kernels.gemma_norm_triton"
 TOL = op_spec("gemma_rms_norm").tolerance
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """``sglang_fl.kernels.gemma_norm`` launching its kernel through Triton's interpreter."""
-    from sglang_fl.kernels import gemma_norm
-
-    with interpreted_kernel(gemma_norm, KERNEL_MODULE, "gemma_rms_norm_kernel") as launcher:
-        yield launcher
+#: The launcher running its kernel through Triton's interpreter.
+interpreted = interpreted_fixture("sglang_fl.kernels.gemma_norm", "gemma_rms_norm_kernel")
 
 
 def layer(n, weight_dtype, seed):

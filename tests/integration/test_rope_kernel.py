@@ -20,24 +20,18 @@ import pytest
 import torch
 
 from sglang_fl.dispatch.ops import op_spec
-from tests.integration.conftest import interpreted_kernel, run_python
+from tests.integration.conftest import interpreted_fixture, run_python
 
 pytest.importorskip("triton", reason="the RoPE kernel is Triton; triton is not installed here")
 
 pytestmark = pytest.mark.integration
 
-KERNEL_MODULE = "sglang_fl.kernels.rope_triton"
 POISON = 1024.0  # exact in every dtype; far outside rotated values of randn inputs
 TOL = op_spec("rotary_embedding").tolerance
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """``sglang_fl.kernels.rope`` launching its kernel through Triton's interpreter."""
-    from sglang_fl.kernels import rope
-
-    with interpreted_kernel(rope, KERNEL_MODULE, "rope_inplace_kernel") as launcher:
-        yield launcher
+#: The launcher running its kernel through Triton's interpreter.
+interpreted = interpreted_fixture("sglang_fl.kernels.rope", "rope_inplace_kernel")
 
 
 def _layer(head_size, rot_dim, neox, cache_dtype=torch.float32, max_pos=4096):

@@ -11,23 +11,17 @@ import pytest
 import torch
 
 from sglang_fl.dispatch.ops import op_spec
-from tests.integration.conftest import interpreted_kernel
+from tests.integration.conftest import interpreted_fixture
 
 pytest.importorskip("triton", reason="the kernel is Triton; triton is not installed here")
 
 pytestmark = pytest.mark.integration
 
-KERNEL_MODULE = "sglang_fl.kernels.silu_mul_triton"
 TOL = op_spec("silu_and_mul").tolerance
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """``sglang_fl.kernels.silu_mul`` launching its kernel through Triton's interpreter."""
-    from sglang_fl.kernels import silu_mul
-
-    with interpreted_kernel(silu_mul, KERNEL_MODULE, "silu_and_mul_kernel") as launcher:
-        yield launcher
+#: The launcher running its kernel through Triton's interpreter.
+interpreted = interpreted_fixture("sglang_fl.kernels.silu_mul", "silu_and_mul_kernel")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
