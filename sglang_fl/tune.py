@@ -176,11 +176,13 @@ def _layer(**attrs):
     return types.SimpleNamespace(**attrs)
 
 
-def _rope_cache(s: ModelShapes, torch, device, dtype):
+def _rope_cache(s: ModelShapes, torch, device):
+    """cos/sin halves in fp32: SGLang keeps a RoPE layer's ``cos_sin_cache`` in fp32 on CUDA,
+    and its kernel refuses a bf16 one (H100 2026-12-05: the vendor impl was excluded for it)."""
     half = s.rotary // 2
     inv = 1.0 / (s.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
     freqs = torch.outer(torch.arange(s.max_positions, device=device, dtype=torch.float32), inv)
-    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+    return freqs.cos(), freqs.sin()
 
 
 def _topk_canon(out):
@@ -206,9 +208,9 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
     if op == "silu_and_mul":
         return Case([(_layer(), (randn(tokens, 2 * s.intermediate),))])
     if op in ("rotary_embedding", "mrotary_embedding"):
-        if op == "mrotary_embedding" and not s.mrope_section:
-            return None
-        cos, sin = _rope_cache(s, torch, device, dtype)
+        if (op == "mrotary_embedding") != bool(s.mrope_section):
+            return None  # an mRoPE model's layers are MRotaryEmbedding: all of it is mrotary's
+        cos, sin = _rope_cache(s, torch, device)
         q, k = randn(tokens, s.heads * s.head_dim), randn(tokens, s.kv_heads * s.head_dim)
         layer = _layer(head_size=s.head_dim)
         if op == "rotary_embedding":
@@ -240,11 +242,22 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
 GDN = tuple(spec.name for spec in GDN_OPS)
 
 
+#: GDN decode ops run one token per sequence, and SGLang's recurrent kernels (FlagGems' too) put
+#: sequences x value heads on the launch grid's 65,535-wide axis: 2,048 sequences of Qwen3.6's 48
+#: value heads fail to launch ("invalid argument", H100 2026-12-05). A server decodes far fewer
+#: sequences at once, so a larger token count is timed at this many sequences.
+MAX_DECODE_SEQUENCES = 512
+GDN_DECODE_OPS = ("recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule", "causal_conv1d_update")
+
+
 def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
     """A GDN layer's op at ``tokens`` tokens as SGLang calls it: prefill ops (chunked rule,
     conv1d) on one sequence of ``tokens`` continuing a cached state, decode ops (recurrent
-    rule, conv1d update) on ``tokens`` sequences of one token each, through a state pool."""
+    rule, conv1d update) on ``tokens`` sequences of one token each (at most
+    `MAX_DECODE_SEQUENCES`), through a state pool."""
     h, hv, dk, dv, f32 = s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim, torch.float32
+    if op in GDN_DECODE_OPS:
+        tokens = min(tokens, MAX_DECODE_SEQUENCES)
 
     def ints(values):
         return torch.tensor(values, dtype=torch.int32, device=device)
@@ -292,8 +305,15 @@ TUNABLE = ("rms_norm", "gemma_rms_norm", "silu_and_mul", "rotary_embedding", "mr
 
 #: Why build_case gave no inputs: the model does not use the op.
 UNUSED = {"mrotary_embedding": "the model has no mRoPE (no mrope_section)",
+          "rotary_embedding": "the model's RoPE is mRoPE (mrotary_embedding)",
           "topk": "the model has no experts", "fused_moe": "the model has no experts",
           **{op: "the model has no Gated DeltaNet layers" for op in GDN}}
+
+
+def _one_line(text) -> str:
+    """An error message as one line: it goes into YAML comments (a CUDA error's text spans
+    several lines, and a line without ``#`` broke the written YAML, H100 2026-12-05)."""
+    return " ".join(str(text).split())
 
 
 def _fp32(value, torch):
@@ -332,7 +352,7 @@ def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
         try:
             got = fn(layer, *got_args)
         except Exception as exc:  # noqa: BLE001 - reported as the reason
-            return f"raised {type(exc).__name__}: {str(exc)[:200]}"
+            return f"raised {type(exc).__name__}: {_one_line(exc)[:200]}"
         want = reference(_fp32_layer(layer, torch), *want_args)
         got_t = _tensors(canon(got), torch) + [got_args[i] for i in case.inplace]
         want_t = _tensors(canon(want), torch) + [want_args[i] for i in case.inplace]
@@ -421,6 +441,13 @@ def time_case_graph(fn, case: Case, device, iters: int, warmup: int, repeats: in
 
 
 TIMERS = {"eager": time_case, "graph": time_case_graph}
+
+
+def _only_raised(res: OpResult) -> bool:
+    """Whether kinds other than the reference have impls here and each was excluded for raising
+    (none shown inaccurate; one that cannot be captured must stay out of a graph bucket)."""
+    others = [label for kind, label in res.impls.items() if kind != "reference"]
+    return bool(others) and all(res.excluded.get(label, "").startswith("raised") for label in others)
 
 
 def _check_device_after_capture(device, op: str, label: str) -> None:
@@ -571,7 +598,7 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
                 except Exception as exc:  # noqa: BLE001 - reported, and left out of graph buckets
                     if mode[t] != "graph":
                         raise
-                    res.not_capturable[impl.label] = f"{type(exc).__name__}: {exc}"[:300]
+                    res.not_capturable[impl.label] = _one_line(f"{type(exc).__name__}: {exc}")[:300]
                     _check_device_after_capture(device, spec.name, impl.label)
                     continue
                 if progress:
@@ -581,6 +608,10 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
             timed = {k: sum(v[t] for t in tokens[name]) for k, v in res.us.items()
                      if all(t in v for t in tokens[name])}
             res.orders[name] = sorted(timed, key=lambda k: (timed[k], KIND_ORDER.index(k)))
+            if res.orders[name] == ["reference"] and _only_raised(res):
+                # The faster kinds could not run this case, which shows nothing against them:
+                # a reference-only order would make the slowest path the only one.
+                res.orders[name] = []
     return TuneResult(tuple(buckets), tokens, models, str(dtype).removeprefix("torch."), str(device),
                       {"iters": iters, "warmup": warmup, "repeats": repeats}, results,
                       tuple(graph_buckets))
@@ -636,14 +667,16 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
          "replays timed: what graph decode pays), eager elsewhere;" if result.graph_buckets
          else "#   eager (launch and Python wrappers included);"),
         "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
+        *([f"# GDN decode ops ({', '.join(GDN_DECODE_OPS)}): one token per sequence, at most "
+           f"{MAX_DECODE_SEQUENCES} sequences timed"] if any(m.linear_key_heads for m in result.shapes) else []),
         f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",
     ]
     for r in result.ops.values():
         for label, why in r.excluded.items():
-            lines.append(f"# EXCLUDED {r.op} {label}: {why}")
+            lines.append(f"# EXCLUDED {r.op} {label}: {_one_line(why)}")
         for label, why in r.not_capturable.items():
             lines.append(f"# NOT CAPTURABLE {r.op} {label} (left out of "
-                         f"{', '.join(result.graph_buckets)}): {why}")
+                         f"{', '.join(result.graph_buckets)}): {_one_line(why)}")
     for r in result.ops.values():
         if r.skipped:
             lines.append(f"# not tuned: {r.op}: {r.skipped}")
@@ -670,8 +703,8 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         lines.append(f"  {r.op}:")
         for name, _ in result.buckets:
             if not r.orders[name]:  # an empty order does not load: the platform's order stays
-                lines.append(f"    # {name}: no implementation here passed and could be timed "
-                             "(see above); the platform's order applies")
+                lines.append(f"    # {name}: no order written: nothing, or only the reference, passed "
+                             "and could be timed (see above); the platform's order applies")
                 continue
             lines.append(f"    {name}: [{', '.join(r.orders[name])}]"
                          f"  # us at {','.join(map(str, result.tokens[name]))} tokens: {timings[name]}")

@@ -285,7 +285,7 @@ def test_a_graph_bucket_nothing_could_be_captured_in_keeps_the_platforms_order(t
                   torch.float32, "cpu", ops=["silu_and_mul"], graph_buckets=("decode",),
                   timers={"graph": never}, **FAST)
     text = to_yaml(result)
-    assert "# decode: no implementation here passed and could be timed" in text
+    assert "# decode: no order written: nothing, or only the reference, passed" in text
     out = tmp_path / "tuned.yaml"
     out.write_text(text)
     s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
@@ -363,3 +363,77 @@ def test_a_context_broken_by_a_failed_capture_stops_the_run_with_what_to_do():
     with pytest.raises(TuneError, match="unusable after rms_norm flagos.flagos. failed its graph "
                                         "capture.*--graph-buckets none.*--ops leaving rms_norm out"):
         _check_device_after_capture("cuda", "rms_norm", "flagos(flagos)")
+
+
+def test_a_multi_line_error_stays_a_comment_and_the_yaml_loads(tmp_path):
+    """A CUDA error's text spans lines; each reason is one comment line (H100 2026-12-05: a
+    second line without ``#`` made the written YAML unloadable)."""
+    def raises_multi_line(obj, x):
+        raise RuntimeError("Tensor match failed\n- Root cause:\n  the cache is bf16")
+
+    result = tune(manager_with(OpImpl("silu_and_mul", "flagos", "flagos", raises_multi_line)), SHAPES,
+                  BUCKETS, {"decode": (1,), "prefill": (8,)}, torch.float32, "cpu",
+                  ops=["silu_and_mul"], **FAST)
+    text = to_yaml(result)
+    assert ("# EXCLUDED silu_and_mul flagos(flagos): raised RuntimeError: Tensor match failed "
+            "- Root cause: the cache is bf16") in text
+    assert all(line.startswith(("#", " ", "token_buckets", "op_backends")) for line in text.splitlines())
+    out = tmp_path / "tuned.yaml"
+    out.write_text(text)
+    build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+
+
+def test_no_reference_only_order_where_the_faster_kinds_only_raised(tmp_path):
+    """Kinds that could not run the case (they raised) are not shown wrong: the bucket keeps the
+    platform's order rather than making the reference the only path. A kind shown inaccurate
+    still leaves the reference alone in the order."""
+    def raises(obj, x):
+        raise RuntimeError("Triton Error [CUDA]: invalid argument")
+
+    result = tune(manager_with(OpImpl("silu_and_mul", "flagos", "flagos", raises)), SHAPES, BUCKETS,
+                  {"decode": (1,), "prefill": (8,)}, torch.float32, "cpu", ops=["silu_and_mul"], **FAST)
+    assert result.ops["silu_and_mul"].orders == {"decode": [], "prefill": []}
+    out = tmp_path / "tuned.yaml"
+    out.write_text(to_yaml(result))
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert "silu_and_mul" not in s.op_backends and "silu_and_mul@prefill" not in s.op_backends
+    wrong = tune(manager_with(OpImpl("silu_and_mul", "flagos", "flagos", wrong_silu)), SHAPES, BUCKETS,
+                 {"decode": (1,), "prefill": (8,)}, torch.float32, "cpu", ops=["silu_and_mul"], **FAST)
+    assert wrong.ops["silu_and_mul"].orders == {"decode": ["reference"], "prefill": ["reference"]}
+    alone = tune(manager_with(), SHAPES, BUCKETS, {"decode": (1,), "prefill": (8,)}, torch.float32,
+                 "cpu", ops=["silu_and_mul"], **FAST)  # the reference is the only impl here
+    assert alone.ops["silu_and_mul"].orders == {"decode": ["reference"], "prefill": ["reference"]}
+
+
+def test_rope_cases_follow_the_models_rope_and_sglangs_fp32_cache(tiny_hybrid):
+    """An mRoPE model's RoPE layers are all MRotaryEmbedding: plain rotary_embedding is not its
+    op. The cos/sin cache is fp32, as SGLang keeps it (its CUDA kernel refuses a bf16 one)."""
+    from sglang_fl.tune import build_case
+
+    hybrid = ModelShapes.from_model(tiny_hybrid)
+    assert build_case("rotary_embedding", hybrid, 4, torch.bfloat16, "cpu") is None
+    mrope = build_case("mrotary_embedding", hybrid, 4, torch.bfloat16, "cpu")
+    dense = build_case("rotary_embedding", SHAPES, 4, torch.bfloat16, "cpu")
+    assert build_case("mrotary_embedding", SHAPES, 4, torch.bfloat16, "cpu") is None
+    for case in (mrope, dense):
+        q, _k, cos, sin = case.variants[0][1][:4]
+        assert q.dtype == torch.bfloat16 and cos.dtype == sin.dtype == torch.float32
+    result = tune(manager_with(), hybrid, BUCKETS, {"decode": (1,), "prefill": (8,)}, torch.bfloat16,
+                  "cpu", ops=["rotary_embedding"], **FAST)
+    assert "mRoPE" in result.ops["rotary_embedding"].skipped
+
+
+def test_gdn_decode_ops_are_timed_at_most_at_a_servers_decode_batch(tiny_hybrid):
+    """One token per sequence: a prefill-sized token count becomes MAX_DECODE_SEQUENCES
+    sequences (2,048 x 48 value heads exceed the kernels' launch grid)."""
+    from sglang_fl.tune import GDN_DECODE_OPS, MAX_DECODE_SEQUENCES, build_case
+
+    hybrid = ModelShapes.from_model(tiny_hybrid)
+    big = MAX_DECODE_SEQUENCES * 4
+    for op in GDN_DECODE_OPS:
+        small = build_case(op, hybrid, 3, torch.float32, "cpu").variants[0][1]
+        large = build_case(op, hybrid, big, torch.float32, "cpu").variants[0][1]
+        assert small[0].shape[1 if op == "recurrent_gated_delta_rule" else 0] == 3, op
+        assert large[0].shape[1 if op == "recurrent_gated_delta_rule" else 0] == MAX_DECODE_SEQUENCES, op
+    chunk = build_case("chunk_gated_delta_rule", hybrid, big, torch.float32, "cpu").variants[0][1]
+    assert chunk[0].shape[1] == big  # a prefill op keeps its one long sequence
