@@ -9,7 +9,8 @@ For each op of the op table that the model uses, each backend kind with an imple
    that raises, is excluded from every bucket and reported (the accuracy gate);
 2. timed at every token count of every bucket (``--tokens``, by default two per bucket): the
    median over ``--repeats`` of the mean of ``--iters`` back-to-back calls after ``--warmup``
-   calls, the device synchronised around each timing. Timings are eager (what prefill pays,
+   calls (one call per repeat where a warm-up call after the first took over `SLOW_CALL_US`),
+   the device synchronised around each timing. Timings are eager (what prefill pays,
    launch and Python wrappers included) except in the graph buckets (``--graph-buckets``, on
    CUDA by default the first, decode, bucket): there the calls are captured once in a CUDA graph
    and its replays are timed, which is what CUDA-graph decode pays. An impl that cannot be
@@ -383,22 +384,34 @@ def _synchronize(device, torch) -> None:
         mod.synchronize()
 
 
+#: A call slower than this (us) is timed one call per repeat: its launch cost is noise, and the
+#: PyTorch reference of a GDN decode op (0.34 s a call at 2,048 sequences, H100 2026-12-05) took
+#: most of a 300 s tune run at ``iters`` calls per repeat.
+SLOW_CALL_US = 10_000.0
+
+
 def time_case(fn, case: Case, device, iters: int, warmup: int, repeats: int) -> float:
     """Microseconds per call, summed over the case's variants (median of repeats)."""
     import torch
 
     total = 0.0
     for layer, args in case.variants:
-        for _ in range(warmup):
+        n = iters
+        for i in range(warmup):
+            _synchronize(device, torch)
+            start = time.perf_counter()
             fn(layer, *args)
+            _synchronize(device, torch)
+            if i and (time.perf_counter() - start) * 1e6 > SLOW_CALL_US:  # the first may compile
+                n = 1
         samples = []
         for _ in range(repeats):
             _synchronize(device, torch)
             start = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(n):
                 fn(layer, *args)
             _synchronize(device, torch)
-            samples.append((time.perf_counter() - start) * 1e6 / iters)
+            samples.append((time.perf_counter() - start) * 1e6 / n)
         total += statistics.median(samples)
     return total
 
@@ -662,7 +675,8 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         f"# buckets: {format_buckets(result.buckets)}; token counts timed: "
         + "; ".join(f"{n} {','.join(map(str, ts))}" for n, ts in result.tokens.items()),
         "# timing: us per call (an op's variants summed: rms_norm without and with residual),",
-        f"#   median of {st['repeats']} repeats of {st['iters']} calls after {st['warmup']} warm-up calls;",
+        f"#   median of {st['repeats']} repeats of {st['iters']} calls after {st['warmup']} warm-up calls"
+        f" (of 1 call where a call takes over {SLOW_CALL_US / 1000:g} ms);",
         (f"#   under a CUDA graph in {', '.join(result.graph_buckets)} (the calls captured once, the "
          "replays timed: what graph decode pays), eager elsewhere;" if result.graph_buckets
          else "#   eager (launch and Python wrappers included);"),

@@ -437,3 +437,30 @@ def test_gdn_decode_ops_are_timed_at_most_at_a_servers_decode_batch(tiny_hybrid)
         assert large[0].shape[1 if op == "recurrent_gated_delta_rule" else 0] == MAX_DECODE_SEQUENCES, op
     chunk = build_case("chunk_gated_delta_rule", hybrid, big, torch.float32, "cpu").variants[0][1]
     assert chunk[0].shape[1] == big  # a prefill op keeps its one long sequence
+
+
+def test_a_slow_impl_is_timed_one_call_per_repeat(monkeypatch):
+    """A call over SLOW_CALL_US (after the first warm-up call, which may compile) is timed once
+    per repeat instead of ``iters`` times: the GDN references took most of a GPU tune run."""
+    import time
+
+    from sglang_fl.tune import SLOW_CALL_US, build_case, time_case
+
+    calls = []
+
+    def slow(obj, x):
+        calls.append(1)
+        time.sleep(SLOW_CALL_US * 1.5e-6)
+        return x
+
+    def fast(obj, x):
+        calls.append(1)
+        return x
+
+    case = build_case("silu_and_mul", SHAPES, 1, torch.float32, "cpu")
+    us = time_case(slow, case, "cpu", iters=20, warmup=2, repeats=3)
+    assert len(calls) == 2 + 3 and us > SLOW_CALL_US
+    calls.clear()
+    monkeypatch.setattr("sglang_fl.tune.SLOW_CALL_US", 1e9)  # no host is that loaded
+    time_case(fast, case, "cpu", iters=20, warmup=2, repeats=3)
+    assert len(calls) == 2 + 3 * 20
