@@ -306,7 +306,7 @@ TUNABLE = ("rms_norm", "gemma_rms_norm", "silu_and_mul", "rotary_embedding", "mr
 
 #: Why build_case gave no inputs: the model does not use the op.
 UNUSED = {"mrotary_embedding": "the model has no mRoPE (no mrope_section)",
-          "rotary_embedding": "the model's RoPE is mRoPE (mrotary_embedding)",
+          "rotary_embedding": "the model's RoPE layers are mRoPE, timed as mrotary_embedding",
           "topk": "the model has no experts", "fused_moe": "the model has no experts",
           **{op: "the model has no Gated DeltaNet layers" for op in GDN}}
 
