@@ -695,7 +695,9 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         if r.skipped:
             lines.append(f"# not tuned: {r.op}: {r.skipped}")
         elif not r.orders or not any(r.orders.values()):
-            why = ("no implementation could be captured in a graph bucket either"
+            why = ("only the reference passed; the others raised (see EXCLUDED), which shows "
+                   "nothing against them: the platform's order applies" if _only_raised(r)
+                   else "no implementation could be captured in a graph bucket either"
                    if r.not_capturable else "every implementation failed the accuracy gate")
             lines.append(f"# not tuned: {r.op}: {why}")
     lines.append("token_buckets:")

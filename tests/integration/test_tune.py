@@ -395,6 +395,7 @@ def test_no_reference_only_order_where_the_faster_kinds_only_raised(tmp_path):
     assert result.ops["silu_and_mul"].orders == {"decode": [], "prefill": []}
     out = tmp_path / "tuned.yaml"
     out.write_text(to_yaml(result))
+    assert "# not tuned: silu_and_mul: only the reference passed; the others raised" in out.read_text()
     s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
     assert "silu_and_mul" not in s.op_backends and "silu_and_mul@prefill" not in s.op_backends
     wrong = tune(manager_with(OpImpl("silu_and_mul", "flagos", "flagos", wrong_silu)), SHAPES, BUCKETS,
