@@ -35,7 +35,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_support import make_rms_norm, make_rope, make_silu_and_mul, rope_caches  # noqa: E402
 
-from sglang_fl.tune import GDN, ModelShapes, build_case  # noqa: E402
+from sglang_fl.tune import (  # noqa: E402
+    GDN,
+    GDN_DECODE_OPS,
+    MAX_DECODE_SEQUENCES,
+    ModelShapes,
+    build_case,
+)
 
 DTYPE = torch.bfloat16
 
@@ -74,9 +80,12 @@ def _cases(tokens):
     # Gated DeltaNet (Qwen3.6-35B-A3B: 16 key / 32 value heads; Qwen3.6-27B: 48 value heads),
     # inputs as `sglang-fl tune` builds them: prefill ops on one sequence of `tokens` continuing
     # a cached state, decode ops on `tokens` one-token sequences through a state pool.
+    # Decode ops stop at tune's MAX_DECODE_SEQUENCES (above it their case is capped, so the row
+    # would not be what it says).
     for value_heads in (32, 48):
         for op in GDN:
-            for t in (t for t in tokens if t <= 2048):  # the reference's chunk loop is slow
+            top = MAX_DECODE_SEQUENCES if op in GDN_DECODE_OPS else 2048  # the reference's chunk loop is slow
+            for t in (t for t in tokens if t <= top):
                 yield (op, dict(tokens=t, value_heads=value_heads))
 
 

@@ -5,6 +5,8 @@ break) to the same outputs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,6 +25,15 @@ SHAPES = ModelShapes(hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=1
                      experts=8, top_k=2, moe_intermediate=32, mrope_section=(2, 3, 3),
                      linear_key_heads=2, linear_value_heads=4, linear_key_dim=16,
                      linear_value_dim=16, conv_kernel=4)
+#: A model has plain RoPE or mRoPE, not both: tune builds a case only for the one it uses.
+PLAIN_ROPE_SHAPES = dataclasses.replace(SHAPES, mrope_section=None)
+
+
+def case_for(op_name, tokens, dtype):
+    return build_case(op_name, PLAIN_ROPE_SHAPES if op_name == "rotary_embedding" else SHAPES,
+                      tokens, dtype, "cpu")
+
+
 #: The ops a layer bridge calls (so through ``torch.ops.sglang_fl`` with ``custom_ops``); the
 #: other GDN ops are reached as SGLang's ``sgl_kernel`` names, which are torch ops already.
 LAYER_OPS = tuple(op for op in TUNABLE if OPS_BY_NAME[op].serves)
@@ -59,7 +70,7 @@ def _outs(out):
 @pytest.mark.parametrize("op_name", LAYER_OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_each_op_passes_opcheck_and_matches_its_impl(sglang_with_plugin, op_name, dtype):
-    case = build_case(op_name, SHAPES, 5, dtype, "cpu")
+    case = case_for(op_name, 5, dtype)
     reference = getattr(ReferenceBackend(), op_name)
     for layer, args in case.variants:
         op, key = keyed_op(op_name, layer)
@@ -79,7 +90,7 @@ def test_each_op_passes_opcheck_and_matches_its_impl(sglang_with_plugin, op_name
 def test_fake_tensors_give_the_real_shapes_and_dtypes(sglang_with_plugin, op_name):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    case = build_case(op_name, SHAPES, 7, torch.bfloat16, "cpu")
+    case = case_for(op_name, 7, torch.bfloat16)
     for layer, args in case.variants:
         op, key = keyed_op(op_name, layer)
         real = op(key, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args])

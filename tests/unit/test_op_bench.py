@@ -23,6 +23,9 @@ def test_token_counts_come_from_tokens_quick_or_the_default():
     assert _tokens(quick=True) == op_bench.QUICK_TOKENS and _tokens() == op_bench.DEFAULT_TOKENS
     cases = list(op_bench._cases((512, 16384)))
     assert {p["tokens"] for op, p in cases if op == "silu_and_mul"} == {512, 16384}
+    gdn = list(op_bench._cases((64, 2048, 4096)))  # decode ops stop at tune's cap on sequences
+    assert {p["tokens"] for op, p in gdn if op == "packed_recurrent_gated_delta_rule"} == {64}
+    assert {p["tokens"] for op, p in gdn if op == "chunk_gated_delta_rule"} == {64, 2048}
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "0"], ["--tokens", "512,x"], ["--tokens", ""],
