@@ -80,11 +80,11 @@ def _cases(tokens):
     # Gated DeltaNet (Qwen3.6-35B-A3B: 16 key / 32 value heads; Qwen3.6-27B: 48 value heads),
     # inputs as `sglang-fl tune` builds them: prefill ops on one sequence of `tokens` continuing
     # a cached state, decode ops on `tokens` one-token sequences through a state pool.
-    # Decode ops stop at tune's MAX_DECODE_SEQUENCES (above it their case is capped, so the row
-    # would not be what it says).
+    # Prefill ops stop at 2048 tokens (the reference's chunk loop is slow), decode ops at tune's
+    # MAX_DECODE_SEQUENCES (above it their case is capped, so the row would not be what it says).
     for value_heads in (32, 48):
         for op in GDN:
-            top = MAX_DECODE_SEQUENCES if op in GDN_DECODE_OPS else 2048  # the reference's chunk loop is slow
+            top = MAX_DECODE_SEQUENCES if op in GDN_DECODE_OPS else 2048
             for t in (t for t in tokens if t <= top):
                 yield (op, dict(tokens=t, value_heads=value_heads))
 

@@ -687,10 +687,10 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
     ]
     for r in result.ops.values():
         for label, why in r.excluded.items():
-            lines.append(f"# EXCLUDED {r.op} {label}: {_one_line(why)}")
+            lines.append(f"# EXCLUDED {r.op} {label}: {why}")  # one line (_one_line)
         for label, why in r.not_capturable.items():
             lines.append(f"# NOT CAPTURABLE {r.op} {label} (left out of "
-                         f"{', '.join(result.graph_buckets)}): {_one_line(why)}")
+                         f"{', '.join(result.graph_buckets)}): {why}")
     for r in result.ops.values():
         if r.skipped:
             lines.append(f"# not tuned: {r.op}: {r.skipped}")

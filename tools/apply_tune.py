@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PLATFORM_YAML = REPO / "sglang_fl" / "config" / "cuda.yaml"
 TUNED_FROM = "# tuned-from: "
 _OP = re.compile(r"^  ([A-Za-z_][A-Za-z0-9_]*):")
-_UNTIMED = "not ordered by tune (nothing passed here): the platform's order kept"
+_UNTIMED = "not ordered by tune (see its file for why): the platform's order kept"
 _KEPT = ("  # Not ordered by that tune run (no tuned model uses them, or they were not tuned "
          "there): kept as before.")
 

@@ -90,7 +90,7 @@ def test_the_measured_orders_and_buckets_replace_the_platforms_and_the_rest_stay
 def test_a_bucket_tune_could_not_order_keeps_the_platforms_order_for_it():
     partial = TUNED + """  fused_moe:
     decode: [vendor, flagos, reference]  # us at 1,64 tokens: vendor 30.0/60.0, flagos 40.0/70.0
-    # prefill: no implementation here passed and could be timed (see above); the platform's order applies
+    # prefill: no order written: nothing, or only the reference, passed and could be timed (see above); the platform's order applies
 """
     doc = yaml.safe_load(apply_tune.apply(partial, PLATFORM, "t.yaml"))
     assert doc["op_backends"]["fused_moe"] == {"decode": ["vendor", "flagos", "reference"],
