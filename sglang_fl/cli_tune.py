@@ -114,6 +114,24 @@ def graph_buckets(raw, buckets, device) -> tuple[str, ...]:
     return tuple(dict.fromkeys(chosen))
 
 
+def publish_sglang_defaults() -> None:
+    """SGLang's own kernels (the vendor backend) read the ServerArgs a server publishes; tune is
+    no server, so publish SGLang's defaults, or say why not (those kernels then show as raised)."""
+    from sglang_fl.sglang_glue.adapters import (
+        UnsupportedSGLangVersion,
+        get_adapter,
+        installed_sglang_version,
+    )
+
+    if installed_sglang_version() is None:
+        return
+    try:
+        get_adapter().ensure_server_args()
+    except (UnsupportedSGLangVersion, ImportError, AttributeError) as exc:
+        print(f"sglang-fl tune: SGLang's default ServerArgs not published ({exc}); SGLang kernels "
+              "that read them will be reported as raised", file=sys.stderr)
+
+
 def cmd_tune(args) -> int:
     from sglang_fl.config import build_settings
     from sglang_fl.dispatch import get_manager
@@ -124,6 +142,7 @@ def cmd_tune(args) -> int:
     except TuneError as exc:
         print(f"sglang-fl tune: {exc}", file=sys.stderr)
         return 2
+    publish_sglang_defaults()
     try:
         result = tune(get_manager(), **inputs, progress=lambda line: print(line, file=sys.stderr))
     except TuneError as exc:  # the run could not go on (a CUDA context lost to a failed capture)

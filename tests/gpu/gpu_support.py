@@ -8,7 +8,6 @@ host the suite runs with ``pytest tests/gpu -m gpu``. The air-gapped install tha
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -67,26 +66,9 @@ def sglang_ready() -> bool:
     from sglang_fl.compat import activate
 
     activate()
-    from sglang.srt import server_args as sa
+    from sglang_fl.sglang_glue.adapters import get_adapter
 
-    try:
-        sa.get_global_server_args()
-    except RuntimeError:
-        # SGLang >= 0.5.23 retired the getter (it always raises): publish a ServerArgs through
-        # the version adapter, as the smoke suite does.
-        from sglang_fl.sglang_glue.adapters import get_adapter
-
-        get_adapter().set_server_args(model_path="dummy")
-    except ValueError:
-        # A real ServerArgs holding its declared defaults; __post_init__ is skipped because it
-        # resolves a model path, which a layer test does not have.
-        args = object.__new__(sa.ServerArgs)
-        for f in dataclasses.fields(sa.ServerArgs):
-            if f.default is not dataclasses.MISSING:
-                setattr(args, f.name, f.default)
-            elif f.default_factory is not dataclasses.MISSING:
-                setattr(args, f.name, f.default_factory())
-        sa.set_global_server_args_for_scheduler(args)
+    get_adapter().ensure_server_args()
     return True
 
 

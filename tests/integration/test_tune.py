@@ -465,3 +465,29 @@ def test_a_slow_impl_is_timed_one_call_per_repeat(monkeypatch):
     monkeypatch.setattr("sglang_fl.tune.SLOW_CALL_US", 1e9)  # no host is that loaded
     time_case(fast, case, "cpu", iters=20, warmup=2, repeats=3)
     assert len(calls) == 2 + 3 * 20
+
+
+def test_tune_publishes_sglangs_default_server_args_and_keeps_a_published_one():
+    """SGLang's kernels read the ServerArgs a server publishes (0.5.11's fused-MoE config reads
+    ``enable_deterministic_inference``). Tune is no server: on the H100 on 2026-12-05 it
+    excluded SGLang's fused_moe with "Global server args is not set yet!". It now publishes
+    SGLang's defaults first. A fresh process, so that nothing is published before."""
+    code = (
+        "from sglang_fl.cli_tune import publish_sglang_defaults\n"
+        "from sglang_fl.sglang_glue.adapters import get_adapter\n"
+        "a = get_adapter()\n"
+        "try:\n"
+        "    a._published_server_args()\n"
+        "    raise SystemExit('published before tune published')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "publish_sglang_defaults()\n"
+        "first = a._published_server_args()\n"
+        "publish_sglang_defaults()\n"
+        "print(type(first).__name__, first.enable_deterministic_inference,\n"
+        "      a._published_server_args() is first)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "SGLANG_FL_PLATFORM": "cpu"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["ServerArgs", "False", "True"], proc.stdout

@@ -237,6 +237,30 @@ class SGLangAdapter:
         mod = self.module("server_args")
         mod.set_global_server_args_for_scheduler(mod.ServerArgs(**kwargs))
 
+    def ensure_server_args(self) -> None:
+        """Publish SGLang's default ``ServerArgs`` where none is published: outside a server
+        (``sglang-fl tune``, GPU op tests) SGLang's kernels still read it (0.5.11's fused-MoE
+        config reads ``enable_deterministic_inference`` and raises without it). A published one,
+        a server's, is kept."""
+        mod = self.module("server_args")
+        try:
+            self._published_server_args()
+            return
+        except ValueError:
+            pass
+        # The declared defaults, without __post_init__: in 0.5.11 it resolves a model path.
+        args = object.__new__(mod.ServerArgs)
+        for f in dataclasses.fields(mod.ServerArgs):
+            if f.default is not dataclasses.MISSING:
+                setattr(args, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(args, f.name, f.default_factory())
+        mod.set_global_server_args_for_scheduler(args)
+
+    def _published_server_args(self):
+        """The published ``ServerArgs``; ValueError where none is."""
+        return self.module("server_args").get_global_server_args()
+
     def layer_class(self, class_name: str) -> type:
         return self.resolve(self.LAYER_CLASSES[class_name])
 

@@ -264,6 +264,19 @@ class SGLang0523(SGLangAdapter):
 
         return bool(get_exec().mamba.enable_mamba_extra_buffer)
 
+    def ensure_server_args(self) -> None:
+        try:
+            self._published_server_args()
+        except ValueError:
+            self.set_server_args(model_path="dummy")  # publishes every namespace its kernels read
+
+    def _published_server_args(self):
+        # get_global_server_args is retired (always RuntimeError); this one raises ValueError
+        # until a ServerArgs is published.
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+
     def cpu_omp_bind_groups(self, tp_size: int, pp_size: int = 1) -> int:
         # One per worker process, indexed by its gpu_id (pp_rank * tp_size + tp_rank).
         return tp_size * pp_size
