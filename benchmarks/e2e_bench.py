@@ -95,9 +95,13 @@ METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
 # ops (Layer 1). Every knob is an env variable, so a configuration does not depend on the YAML.
 _ALL_CLASSES = ("SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding,MRotaryEmbedding,TopK,"
-                "UnquantizedFusedMoEMethod")
+                "UnquantizedFusedMoEMethod,RMSNormGated")
+#: The Gated DeltaNet ops SGLang calls as functions (no layer class to leave on SGLang's
+#: forward): on a GPU sglang-fl routes them whatever the blacklist says (sglang_glue/gdn.py).
+_GDN = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+        "packed_recurrent_gated_delta_rule", "causal_conv1d", "causal_conv1d_update")
 _OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "silu_and_mul",
-        "topk", "fused_moe")
+        "topk", "fused_moe", "rms_norm_gated", *_GDN)
 
 
 def model_vocab(model_path) -> int:
@@ -125,8 +129,13 @@ def _every_op(kind):
 _TUNED = ("rms_norm=vendor|flagos|reference;rotary_embedding=vendor|flagos|reference;"
           "silu_and_mul=flagos|vendor|reference;gemma_rms_norm=vendor|flagos|reference")
 CONFIGS = {
-    # SGLang's own forward_cuda (sgl_kernel / jit_kernel): Layer 2 routes no class.
-    "native-L1off": {"SGLANG_FL_OOT_BLACKLIST": _ALL_CLASSES, "USE_FLAGGEMS": "0"},
+    # SGLang's own forward_cuda (sgl_kernel / jit_kernel): Layer 2 routes no class, and the GDN
+    # function ops go to the vendor kind, which on CUDA is SGLang's own Triton kernels. (Until
+    # 2026-12-05 they followed cuda.yaml here, FlagGems' delta rule first: on the hybrid shapes
+    # "native" ran FlagGems' GDN too.)
+    "native-L1off": {"SGLANG_FL_OOT_BLACKLIST": _ALL_CLASSES,
+                     "SGLANG_FL_PER_OP": ";".join(f"{op}=vendor" for op in _GDN),
+                     "USE_FLAGGEMS": "0"},
     "vendor-L1off": {"SGLANG_FL_PER_OP": _every_op("vendor"), "USE_FLAGGEMS": "0"},
     "flagos-L1off": {"SGLANG_FL_PER_OP": _every_op("flagos"), "USE_FLAGGEMS": "0"},
     "reference-L1off": {"SGLANG_FL_PER_OP": _every_op("reference"), "USE_FLAGGEMS": "0"},

@@ -341,7 +341,7 @@ def test_main_plans_groups_and_records_each_servers_flags(tmp_path, monkeypatch,
     @contextlib.contextmanager
     def launched_server(model_path, flags, env, log_path, timeout):
         log_path.write_text("".join(f"loading {i}\n" for i in range(100)))
-        if env.get("USE_FLAGGEMS") == "0" and "SGLANG_FL_PER_OP" in env:  # flagos-L1off
+        if "=flagos" in env.get("SGLANG_FL_PER_OP", ""):  # flagos-L1off
             with open(log_path, "a") as f:
                 f.write("RuntimeError: Not enough memory.\n")
             raise sglang_fl.serving.ServerStartError("server exited with code 1 (3s)")
@@ -475,3 +475,20 @@ def test_the_accept_length_sglang_reports_is_recorded_for_batch_one():
 
     assert e2e_bench.measure(SpeculatingServer(), 1000, "s", 4)["spec_accept_length"] == 2.5
     assert "spec_accept_length" not in e2e_bench.measure(RecordingServer(), 1000, "s", 4)
+
+
+def test_native_runs_sglangs_own_gdn_kernels_and_flagos_pins_flaggems_gdn():
+    """SGLang calls the GDN ops as functions, which sglang-fl routes on a GPU whatever the class
+    blacklist says: native-L1off must pin them to the vendor kind (SGLang's own Triton kernels),
+    or it serves whatever cuda.yaml orders first (FlagGems' delta rule until 2026-12-05).
+    FlagGems for every op pins the GDN ops FlagGems implements."""
+    from sglang_fl.config import build_settings
+    from sglang_fl.dispatch.ops import GDN_OPS
+
+    gdn = {spec.name for spec in GDN_OPS} - {"rms_norm_gated"}  # a layer class: blacklisted
+    native = build_settings(env=e2e_bench.CONFIGS["native-L1off"], detect_platform=lambda: "cuda")
+    assert {op for op, order in native.op_backends.items() if tuple(order) == ("vendor",)} == gdn
+    assert "RMSNormGated" in native.oot_blacklist
+    flagos = dict(kv.split("=") for kv in e2e_bench.CONFIGS["flagos-L1off"]["SGLANG_FL_PER_OP"].split(";"))
+    assert {"chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+            "packed_recurrent_gated_delta_rule"} <= {op for op, kind in flagos.items() if kind == "flagos"}
