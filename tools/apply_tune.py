@@ -3,6 +3,7 @@ output and say so.
 
     python tools/apply_tune.py benchmarks/results/h200/<date>/tuned.yaml            # cuda.yaml
     python tools/apply_tune.py TUNED --platform-yaml sglang_fl/config/<platform>.yaml
+    python tools/apply_tune.py FULL.yaml REDO.yaml   # REDO's ops (tune --ops ...) replace FULL's
     python tools/apply_tune.py --check [--platform-yaml ...]   # exit 1 unless it is tune's output
 
 What it changes in the platform YAML, and nothing else (Layer-1 keys, ``prefer``,
@@ -15,6 +16,11 @@ What it changes in the platform YAML, and nothing else (Layer-1 keys, ``prefer``
 - a ``# tuned-from: PATH`` line at the top names the tuned file (relative to the repository), so
   `--check` (and tests/unit/test_apply_tune.py on the shipped cuda.yaml) can tell whether the
   platform's orders still are that file's.
+
+Several tuned files (a full run, then ``tune --ops OP`` runs that redo some ops) apply as one: an
+op takes the order of the last file that orders it, each file's provenance is kept, and the
+``tuned-from`` line names them all, in order. Their ``token_buckets`` must be the same: an
+order is per bucket.
 
 The result is validated as sglang-fl loads a config (known keys, known backends, buckets) before
 it is written.
@@ -73,8 +79,34 @@ def op_chunks(block: list[str]) -> dict[str, list[str]]:
 
 def _tuned_header(lines: list[str]) -> list[str]:
     """The tuned file's provenance lines (date, device, versions, shapes, dtype, timing)."""
-    keep = ("# date:", "# device:", "# versions:", "# shapes:", "# dtype:", "# buckets:")
+    keep = ("# source:", "# date:", "# device:", "# versions:", "# shapes:", "# dtype:",
+            "# buckets:")
     return [line for line in lines if line.startswith(keep)]
+
+
+def merge(named: list[tuple[str, str]]) -> str:
+    """One tuned text from several (path, text) runs: the last run that orders an op gives its
+    order; each run's provenance under a ``# source:`` line naming its ops."""
+    if len(named) == 1:
+        return named[0][1]
+    buckets = {name: (yaml.safe_load(text) or {}).get("token_buckets") for name, text in named}
+    if len({repr(b) for b in buckets.values()}) > 1:
+        raise ValueError("the tuned files time different token buckets, so their orders do not "
+                         "combine: " + "; ".join(f"{n}: {b}" for n, b in buckets.items()))
+    header: list[str] = []
+    chunks: dict[str, list[str]] = {}
+    bucket_lines: list[str] = []
+    for name, text in named:
+        lines = text.splitlines()
+        span = top_level_block(lines, "op_backends")
+        ops = op_chunks(lines[span[0]:span[1]]) if span else {}
+        header += [f"# source: {name} (orders {', '.join(ops) or 'no op'})"]
+        header += [line for line in _tuned_header(lines) if not line.startswith("# source:")]
+        chunks.update(ops)
+        own = top_level_block(lines, "token_buckets")
+        bucket_lines = bucket_lines or (lines[own[0]:own[1]] if own else [])
+    body = ["op_backends:"] + [line for chunk in chunks.values() for line in chunk]
+    return "\n".join(header + bucket_lines + body) + "\n"
 
 
 def apply(tuned_text: str, platform_text: str, tuned_from: str) -> str:
@@ -142,10 +174,12 @@ def check(platform_yaml: Path) -> str | None:
              if line.startswith(TUNED_FROM)]
     if not named:
         return f"{platform_yaml.name} names no tuned file ('{TUNED_FROM}PATH'): not tune's output"
-    tuned = REPO / named[0]
-    if not tuned.is_file():
-        return f"{platform_yaml.name} names {named[0]}, which does not exist"
-    want = yaml.safe_load(apply(tuned.read_text(encoding="utf-8"), text, named[0]))
+    files = named[0].split()
+    missing = [f for f in files if not (REPO / f).is_file()]
+    if missing or not files:
+        return f"{platform_yaml.name} names {', '.join(missing) or 'no file'}, which does not exist"
+    tuned = merge([(f, (REPO / f).read_text(encoding="utf-8")) for f in files])
+    want = yaml.safe_load(apply(tuned, text, named[0]))
     have = yaml.safe_load(text)
     for key in ("token_buckets", "op_backends"):
         if want.get(key) != have.get(key):
@@ -156,7 +190,8 @@ def check(platform_yaml: Path) -> str | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("tuned", nargs="?", help="YAML written by `sglang-fl tune --out`")
+    ap.add_argument("tuned", nargs="*", help="YAML written by `sglang-fl tune --out`; several: "
+                                             "a later file's ops replace an earlier's")
     ap.add_argument("--platform-yaml", type=Path, default=DEFAULT_PLATFORM_YAML)
     ap.add_argument("--check", action="store_true",
                     help="do not write: exit 1 unless the platform YAML is its named tuned file's")
@@ -167,14 +202,22 @@ def main(argv=None) -> int:
         return 1 if why else 0
     if not args.tuned:
         ap.error("the tuned YAML is required unless --check")
-    tuned = Path(args.tuned).resolve()
+    named = []
+    for path in args.tuned:
+        tuned = Path(path).resolve()
+        try:
+            rel = str(tuned.relative_to(REPO))
+        except ValueError:
+            ap.error(f"{tuned} is outside the repository: commit it (benchmarks/results/...) "
+                     "first, so that the platform YAML can name it")
+        if " " in rel:
+            ap.error(f"{rel}: a path with a space cannot be named on the '{TUNED_FROM.strip()}' line")
+        named.append((rel, tuned.read_text(encoding="utf-8")))
+    rel = " ".join(n for n, _ in named)
     try:
-        rel = str(tuned.relative_to(REPO))
-    except ValueError:
-        ap.error(f"{tuned} is outside the repository: commit it (benchmarks/results/...) first, "
-                 "so that the platform YAML can name it")
-    text = apply(tuned.read_text(encoding="utf-8"),
-                 args.platform_yaml.read_text(encoding="utf-8"), rel)
+        text = apply(merge(named), args.platform_yaml.read_text(encoding="utf-8"), rel)
+    except ValueError as exc:
+        ap.error(str(exc))
     validate(text)
     args.platform_yaml.write_text(text, encoding="utf-8")
     print(f"{args.platform_yaml}: op_backends and token_buckets from {rel}")

@@ -138,8 +138,54 @@ def test_a_tuned_file_outside_the_repository_is_refused(tmp_path, monkeypatch, c
     assert "outside the repository" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 3: cuda.yaml's orders are still hand-set; "
-                   "`sglang-fl tune` on the GPU, then tools/apply_tune.py, makes this pass (and "
-                   "strict xfail then fails until this marker goes)")
+REDO = """\
+# date: 2026-12-06 11:00:00 UTC
+# device: cuda: NVIDIA H200
+# shapes: hidden 2048 (from /tmp/moe/config.json)
+token_buckets:
+  decode: 64
+  prefill: null
+op_backends:
+  fused_moe:
+    decode: [vendor, flagos]  # us at 1,64 tokens: vendor 34.2/494.5, flagos 38.7/508.6
+    prefill: [flagos, vendor, reference]  # us at 256,2048 tokens: flagos 640/750, vendor 587/989
+  rms_norm: [vendor, flagos, reference]
+"""
+
+
+def test_a_later_run_of_some_ops_replaces_theirs_and_check_names_both(tmp_path, monkeypatch):
+    """A full tune, then `tune --ops` redoing some ops: each op's order is the last run's that
+    orders it, both runs' provenance is kept, and --check recomputes from both files."""
+    monkeypatch.setattr(apply_tune, "REPO", tmp_path)
+    (tmp_path / "full.yaml").write_text(TUNED)
+    (tmp_path / "redo.yaml").write_text(REDO)
+    platform = tmp_path / "cuda.yaml"
+    platform.write_text(PLATFORM)
+    assert apply_tune.main([str(tmp_path / "full.yaml"), str(tmp_path / "redo.yaml"),
+                            "--platform-yaml", str(platform)]) == 0
+    text = platform.read_text()
+    doc = yaml.safe_load(text)
+    assert doc["op_backends"]["fused_moe"] == {"decode": ["vendor", "flagos"],
+                                               "prefill": ["flagos", "vendor", "reference"]}
+    assert doc["op_backends"]["rms_norm"] == ["vendor", "flagos", "reference"]  # redo's
+    assert doc["op_backends"]["silu_and_mul"]["decode"] == ["flagos", "vendor", "reference"]
+    assert doc["op_backends"]["rotary_embedding"] == ["vendor", "flagos", "reference"]  # kept
+    assert "# tuned-from: full.yaml redo.yaml" in text
+    assert "# source: full.yaml (orders rms_norm, silu_and_mul)" in text
+    assert "# source: redo.yaml (orders fused_moe, rms_norm)" in text
+    assert "2026-12-06 10:00:00" in text and "2026-12-06 11:00:00" in text
+    assert apply_tune.check(platform) is None
+    # The order of the files matters: the other way round is not this file.
+    platform.write_text(text.replace("# tuned-from: full.yaml redo.yaml",
+                                     "# tuned-from: redo.yaml full.yaml"))
+    assert "op_backends differs" in apply_tune.check(platform)
+
+
+def test_runs_over_different_buckets_do_not_combine(tmp_path):
+    other = REDO.replace("decode: 64\n", "decode: 32\n", 1)
+    with pytest.raises(ValueError, match="different token buckets"):
+        apply_tune.merge([("a.yaml", TUNED), ("b.yaml", other)])
+
+
 def test_the_shipped_cuda_yaml_is_tunes_output():
     assert apply_tune.check(apply_tune.DEFAULT_PLATFORM_YAML) is None
