@@ -44,7 +44,8 @@
 #            $OUT/prefill-traces.tgz
 #   shapes   greedy correctness of Qwen3.6's real shapes (issue 29): for each preset of
 #            SHAPES_PRESETS (default "qwen3.6-27b qwen3.6-35b-a3b"; 8 of their layers, random bf16
-#            weights; all made at once, on the CPU), benchmarks/e2e_bench.py serves SHAPES_CONFIGS
+#            weights; all made at once, on the CPU, in SHAPES_MODEL_ROOT, default /tmp; a later
+#            call on the same warm machine reuses them), benchmarks/e2e_bench.py serves SHAPES_CONFIGS
 #            (default native-L1off,fl-defaults,flagos-L1off) and judges each one's greedy ids
 #            against HF transformers fp32 on the GPU, prompt by prompt: equal, near-tie or DEFECT
 #            (sglang_fl/models/hf_reference.py) -> $OUT/shapes-<preset>.json/.log and the HF
@@ -312,6 +313,7 @@ stage_prefillprofile() {
 
 stage_shapes() {
   local presets configs p i=0 rc=0 gpus pid pids=() logs=${SHAPES_LOGS:-/tmp/shapes-logs} t0=$SECONDS
+  local root=${SHAPES_MODEL_ROOT:-/tmp}  # checkpoints: ROOT/shapes-PRESET
   read -ra presets <<< "${SHAPES_PRESETS:-qwen3.6-27b qwen3.6-35b-a3b}"
   configs=${SHAPES_CONFIGS:-native-L1off,fl-defaults,flagos-L1off}
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -319,8 +321,14 @@ stage_shapes() {
   rm -rf "$logs" && mkdir -p "$logs"
   log "shapes: ${presets[*]} on $gpus GPU(s); the checkpoints are made at once (CPU)"
   for p in "${presets[@]}"; do  # each leaves its exit code in model-PRESET.rc
-    (rc=0; MODEL_PRESET=$p MODEL_DIR=/tmp/shapes-$p MODEL_ARGS='' timed "model-$p" stage_model \
-       > "$logs/model-$p.log" 2>&1 || rc=$?; echo $rc > "$logs/model-$p.rc") &
+    if [[ -f $root/shapes-$p/.made ]]; then  # made by an earlier call on this warm machine
+      log "shapes: $root/shapes-$p kept from an earlier call (the preset's seeded checkpoint)"
+      echo 0 > "$logs/model-$p.rc"
+      continue
+    fi
+    (rc=0; MODEL_PRESET=$p MODEL_DIR=$root/shapes-$p MODEL_ARGS='' timed "model-$p" stage_model \
+       > "$logs/model-$p.log" 2>&1 || rc=$?; echo $rc > "$logs/model-$p.rc"
+     if [[ $rc == 0 ]]; then touch "$root/shapes-$p/.made" 2>/dev/null || true; fi) &
   done
   shapes_one() {  # shapes_one PRESET [GPU]: once its checkpoint is made, serve and judge it
     local p=$1 ref=$OUT/hf-reference-$1.json args dev=()
@@ -332,7 +340,7 @@ stage_shapes() {
     read -ra args <<< "${SHAPES_ARGS:---repeats 2 --new-tokens 32}"
     [[ -n ${2:-} ]] && dev=(env "CUDA_VISIBLE_DEVICES=$2")
     timed "e2e-$p" "${dev[@]}" timeout "${SHAPES_TIMEOUT:-360}" "$PY" benchmarks/e2e_bench.py \
-      --model "/tmp/shapes-$p" --configs "$configs" --out "$OUT/shapes-$p.json" \
+      --model "$root/shapes-$p" --configs "$configs" --out "$OUT/shapes-$p.json" \
       --log-dir "$logs/$p" --hf-reference "$ref" "${args[@]}" > "$OUT/shapes-$p.log" 2>&1
   }
   for p in "${presets[@]}"; do

@@ -69,3 +69,18 @@ def test_two_gpus_take_one_preset_each_and_a_carried_reference_is_used(tmp_path)
     (tmp_path / "one").mkdir()
     text, _, _ = run_stage(tmp_path / "one", 2, SHAPES_PRESETS="qwen3.6-27b")
     assert "stage shapes FAILED" not in text and "total" in text
+
+
+def test_a_checkpoint_made_by_an_earlier_call_is_reused(tmp_path):
+    """On a warm machine a second call (one configuration group per call on an 80 GB card) skips
+    the 108 s of making the 35B-A3B checkpoint again; one whose making did not finish (no
+    marker) is made."""
+    root = tmp_path / "models"
+    (root / "shapes-qwen3.6-27b").mkdir(parents=True)
+    (root / "shapes-qwen3.6-27b" / ".made").touch()
+    text, calls, _ = run_stage(tmp_path, 1, SHAPES_MODEL_ROOT=str(root))
+    makes = [c.split()[5] for c in calls if c.startswith("-m sglang_fl.cli make-tiny-model")]
+    assert makes == ["qwen3.6-35b-a3b"]
+    assert f"{root}/shapes-qwen3.6-27b kept from an earlier call" in text
+    runs = [c.split()[2] for c in calls if c.startswith("benchmarks/e2e_bench.py")]
+    assert runs == [f"{root}/shapes-qwen3.6-27b", f"{root}/shapes-qwen3.6-35b-a3b"]
