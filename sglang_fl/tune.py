@@ -249,6 +249,10 @@ GDN = tuple(spec.name for spec in GDN_OPS)
 #: sequences at once, so a larger token count is timed at this many sequences.
 MAX_DECODE_SEQUENCES = 512
 GDN_DECODE_OPS = ("recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule", "causal_conv1d_update")
+#: GDN ops SGLang calls only in extend (prefill) passes, which it runs eagerly: its decode graph
+#: never holds them, so they are timed eagerly in a graph bucket too (there the bucket is a small
+#: prefill's). Under a graph they fail to capture (they copy host lengths) and got no order.
+GDN_EXTEND_OPS = ("chunk_gated_delta_rule", "causal_conv1d")
 
 
 def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
@@ -563,8 +567,8 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
     `TIMERS`."""
     timers = {**TIMERS, **(timers or {})}
     models = (shapes,) if isinstance(shapes, ModelShapes) else tuple(shapes)
-    mode = {t: "graph" if name in graph_buckets else "eager"
-            for name, _ in buckets for t in tokens[name]}
+    graph_mode = {t: "graph" if name in graph_buckets else "eager"
+                  for name, _ in buckets for t in tokens[name]}
 
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
@@ -582,6 +586,7 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
             res.skipped = "no implementation registered here"
             continue
         reference = getattr(oracle, spec.name)
+        mode = (dict.fromkeys(graph_mode, "eager") if spec.name in GDN_EXTEND_OPS else graph_mode)
         all_tokens = [t for name, _ in buckets for t in tokens[name]]
         cases = {}
         for t in all_tokens:
@@ -682,7 +687,9 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
          else "#   eager (launch and Python wrappers included);"),
         "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
         *([f"# GDN decode ops ({', '.join(GDN_DECODE_OPS)}): one token per sequence, at most "
-           f"{MAX_DECODE_SEQUENCES} sequences timed"] if any(m.linear_key_heads for m in result.shapes) else []),
+           f"{MAX_DECODE_SEQUENCES} sequences timed; GDN prefill ops ({', '.join(GDN_EXTEND_OPS)}): "
+           "eager in every bucket (SGLang's decode graph never holds them)"]
+          if any(m.linear_key_heads for m in result.shapes) else []),
         f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",
     ]
     for r in result.ops.values():

@@ -491,3 +491,30 @@ def test_tune_publishes_sglangs_default_server_args_and_keeps_a_published_one():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ["ServerArgs", "False", "True"], proc.stdout
+
+
+def test_gdn_prefill_ops_are_timed_eagerly_in_a_graph_bucket_too(tiny_hybrid):
+    """SGLang's decode graph never holds the chunked rule or the prefill conv1d: a graph bucket
+    is a small prefill for them, run eagerly. On the H100 (2026-12-05) their captures failed
+    for every kind, so their decode bucket got no order; now it gets an eager one. The decode
+    ops stay under the graph timer."""
+    from sglang_fl.tune import GDN_EXTEND_OPS
+
+    graphed = []
+
+    def graph_timer(fn, case, device, iters, warmup, repeats):
+        graphed.append(fn)
+        return 1.0
+
+    ops = [*GDN_EXTEND_OPS, "causal_conv1d_update"]
+    result = tune(manager_with(), ModelShapes.from_model(tiny_hybrid), BUCKETS,
+                  {"decode": (1, 2), "prefill": (8,)}, torch.float32, "cpu", ops=ops,
+                  graph_buckets=("decode",), **FAST,
+                  timers={"graph": graph_timer})
+    for op in GDN_EXTEND_OPS:
+        r = result.ops[op]
+        assert r.orders == {"decode": ["reference"], "prefill": ["reference"]}, op
+        assert not r.not_capturable and r.us["reference"][1] != 1.0, op  # the eager timer's
+    assert result.ops["causal_conv1d_update"].us["reference"][1] == 1.0
+    assert len(graphed) == 2  # causal_conv1d_update at 1 and 2 sequences only
+    assert "eager in every bucket" in to_yaml(result)
