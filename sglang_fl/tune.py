@@ -15,7 +15,8 @@ For each op of the op table that the model uses, each backend kind with an imple
    CUDA by default the first, decode, bucket): there the calls are captured once in a CUDA graph
    and its replays are timed, which is what CUDA-graph decode pays. An impl that cannot be
    captured is left out of the graph buckets' orders and reported (it would break the server's
-   graph capture).
+   graph capture). The GDN prefill ops (`GDN_EXTEND_OPS`), which no decode graph holds, are
+   timed eagerly in every bucket.
 
 A bucket's order is its kinds by their summed time over the bucket's token counts, fastest first.
 The YAML (``token_buckets`` + ``op_backends``) loads as a user config (``SGLANG_FL_CONFIG``) or
