@@ -10,8 +10,9 @@ have (read from its source; the same cases run on the real kernels in tests/gpu/
   (flat offset ``n * stride(0) + t``: a 1-D index is right for one token per sequence only).
 
 So the backend's calls are right only if it keeps every call within 64 tokens and gives each
-token its own sequence's row: float32 prefill (which runs this kernel, not the TF32 chunk one),
-decode batches of more than 64 sequences, and several tokens per sequence.
+token its own sequence's row: float32 prefill runs this kernel (not the TF32 chunk one), in
+64-token windows. (Decode no longer does: it runs sglang-fl's own kernel on the pool,
+tests/integration/test_gdn_decode_kernel.py.)
 """
 
 from __future__ import annotations
@@ -82,28 +83,3 @@ def test_float32_prefill_runs_the_recurrent_kernel_in_windows(flagos, lengths):
                                            beta[0, s:e], init[i], 8 ** -0.5)
         torch.testing.assert_close(out[0, s:e].double(), want_o, **_tol("chunk_gated_delta_rule"))
         torch.testing.assert_close(final[i].double(), want_h, **_tol("chunk_gated_delta_rule"))
-
-
-@pytest.mark.parametrize("lengths", [[1] * 80, [1, 1, 3]], ids=["decode-80", "1+1+3"])
-def test_recurrent_decode_of_many_sequences_and_several_tokens(flagos, lengths):
-    """More than 64 sequences in one decode batch, and sequences of several tokens (the op's
-    contract), with a slot-less row: each sequence reads and writes its own slot only."""
-    q, k, v, a, b, A_log, dt_bias, cu = _gdn_inputs(lengths, dk=8, dv=8, seed=3)  # noqa: N806
-    n, hv = len(lengths), v.shape[2]
-    pool = torch.randn(n + 2, hv, 8, 8, generator=torch.Generator().manual_seed(2))
-    slots = torch.arange(2, n + 2, dtype=torch.int32).flip(0)
-    slots[1] = -1
-    work = pool.clone()
-    out = flagos.recurrent_gated_delta_rule(None, q, k, v, a, b, A_log, dt_bias, work, slots, cu)
-    assert max(flagos._gems.calls) <= RECURRENT_WINDOW
-    g, beta = oracle_gating(A_log, a, b, dt_bias)
-    for i, slot in enumerate(slots.tolist()):
-        s, e = int(cu[i]), int(cu[i + 1])
-        want_o, want_h = oracle_delta_rule(q[0, s:e], k[0, s:e], v[0, s:e], g[s:e], beta[s:e],
-                                           pool[slot] if slot >= 0 else None, 8 ** -0.5)
-        torch.testing.assert_close(out[0, s:e].double(), want_o, **_tol("recurrent_gated_delta_rule"))
-        if slot >= 0:
-            torch.testing.assert_close(work[slot].double(), want_h,
-                                       **_tol("recurrent_gated_delta_rule"))
-    untouched = [i for i in range(n + 2) if i not in slots.tolist()]
-    assert torch.equal(work[untouched], pool[untouched])

@@ -1,8 +1,9 @@
-"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, Gemma RMSNorm) compile for NVIDIA GPUs,
+"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, Gemma RMSNorm, GDN decode) compile for NVIDIA GPUs,
 checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
 ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and Ampere
 (sm_80), with the meta-parameters the launchers really use. The interpreter tests
-(test_rope_kernel.py, test_silu_mul_kernel.py, test_gemma_norm_kernel.py) check what the
+(test_rope_kernel.py, test_silu_mul_kernel.py, test_gemma_norm_kernel.py,
+test_gdn_decode_kernel.py) check what the
 kernels compute; only a compile finds what the interpreter lets through, such as a branch whose
 two sides have different types (how SGLang's own conv1d kernel failed on the H100 on
 2026-12-05), and finding it here costs no device time."""
@@ -16,7 +17,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_fl.kernels import gemma_norm, rope, silu_mul  # noqa: E402
+from sglang_fl.kernels import gdn_decode, gemma_norm, rope, silu_mul  # noqa: E402
 
 try:
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
@@ -84,4 +85,23 @@ def test_gemma_rms_norm_kernel_compiles(target, dtype, weight, n, residual):
                             {"x_ptr": t, "res_ptr": t, "w_ptr": weight, "out_ptr": t},
                             {"HAS_RESIDUAL": residual, "BLOCK": block}, warps, target,
                             floats=("eps",))
+    assert kernel.asm["cubin"], "no cubin"
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm80"])
+@pytest.mark.parametrize(("dtype", "pool", "index", "group", "dk", "dv", "l2norm"), [
+    ("bfloat16", "fp32", "i32", 3, 128, 128, True),   # Qwen3.6-27B: 16 key / 48 value heads
+    ("bfloat16", "bf16", "i64", 2, 128, 128, True),   # 35B-A3B's 16 / 32, a bf16 pool
+    ("float32", "fp32", "i32", 1, 24, 48, False),     # sizes off the blocks, no l2 norm
+])
+def test_gdn_decode_kernel_compiles(target, dtype, pool, index, group, dk, dv, l2norm):
+    t = TRITON_TYPES[dtype]
+    pointers = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "a_ptr": t, "b_ptr": t, "a_log_ptr": "fp32",
+                "dt_bias_ptr": "fp32", "state_ptr": pool, "index_ptr": index, "cu_ptr": "i32",
+                "out_ptr": t}
+    bk, bv = gdn_decode.next_power_of_2(dk), min(gdn_decode._BV, gdn_decode.next_power_of_2(dv))
+    kernel = compile_kernel(gdn_decode._kernel(), pointers,
+                            {"GROUP": group, "K": dk, "V": dv, "BK": bk, "BV": bv,
+                             "L2NORM": l2norm}, 4, target,
+                            floats=("scale", "softplus_beta", "softplus_threshold"))
     assert kernel.asm["cubin"], "no cubin"

@@ -7,11 +7,14 @@ from ``grouped_topk`` and runs the reference math on the device. ``fused_moe`` i
 ``fused_experts_impl`` (moe_align_block_size, the fused-MoE GEMM kernel, SiLU-and-mul,
 moe_sum).
 
-Gated DeltaNet: ``chunk_gated_delta_rule`` and ``recurrent_gated_delta_rule`` (and the packed
-decode, split into the latter) run FlagGems' FLA kernels (``chunk_gated_delta_rule_fwd``, ``fused_recurrent_gated_delta_rule_fwd``), which
+Gated DeltaNet: ``chunk_gated_delta_rule`` runs FlagGems' FLA kernels
+(``chunk_gated_delta_rule_fwd``; in float32 ``fused_recurrent_gated_delta_rule_fwd``), which
 keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised q/k with as many
-heads as v; FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those ops are not
-registered here).
+heads as v. The decode ops (``recurrent_gated_delta_rule``, and the packed decode, split into
+it) are sglang-fl's own kernel (``sglang_fl.kernels.gdn_decode``), in place on the ``[V, K]``
+pool: through FlagGems' kernel they needed a gather, two transposes and a scatter of every
+state, 20x SGLang's kernel. FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those
+ops are not registered here).
 
 RoPE: out of place is FlagGems' ``apply_rotary_pos_emb``; in place (what SGLang calls) is
 sglang-fl's own kernel (``sglang_fl.kernels.rope``), because FlagGems' in-place one races.
@@ -28,7 +31,7 @@ from __future__ import annotations
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
 from sglang_fl.dispatch.types import BackendImplKind
-from sglang_fl.kernels import gemma_norm, silu_mul
+from sglang_fl.kernels import gdn_decode, gemma_norm, silu_mul
 
 
 def ensure_triton_allocator(device: str) -> None:
@@ -251,29 +254,11 @@ class FlagGemsBackend(Backend):
     def recurrent_gated_delta_rule(self, obj, q, k, v, a, b, A_log, dt_bias, state, state_indices,  # noqa: N803
                                    cu_seqlens, scale=None, use_qk_l2norm=True, softplus_beta=1.0,
                                    softplus_threshold=20.0):
-        import torch
-
-        from sglang_fl.dispatch.backends.reference_gdn import gdn_gating
-
-        hv, total = v.shape[2], v.shape[1]
-        g, beta = gdn_gating(A_log, a.reshape(total, hv), b.reshape(total, hv), dt_bias,
-                             softplus_beta, softplus_threshold)
-        q, k = self._gdn_qk(q, k, hv, use_qk_l2norm)
-        scale = k.shape[-1] ** -0.5 if scale is None else scale
-        # FlagGems keeps [K, V] states: gather the sequences' slots (zeros for a negative index),
-        # run in place on them, scatter back the ones that have a slot. Without a host sync
-        # (decode runs under CUDA graph capture): slot-less rows read slot 0 masked to zeros
-        # and add a zero change, so they never race a real row that owns slot 0.
-        idx = state_indices.long()
-        has = (idx >= 0).view(-1, 1, 1, 1)
-        safe = idx.clamp(min=0)
-        old = state.index_select(0, safe)
-        h = torch.where(has, old.float(), 0.0).transpose(-1, -2).contiguous()
-        out = self._recurrent(q, k, v.contiguous(), g.contiguous(), beta.contiguous(), scale, h,
-                              cu_seqlens)
-        change = torch.where(has, h.transpose(-1, -2) - old.float(), 0.0)
-        state.index_put_((safe,), change.to(state.dtype), accumulate=True)
-        return out.to(q.dtype)
+        # sglang-fl's own kernel, in place on the [V, K] pool (sglang_fl/kernels/gdn_decode.py:
+        # through FlagGems' [K, V] kernel this op was 20x SGLang's on the H100).
+        return gdn_decode.recurrent_gated_delta_rule(
+            q, k, v, a, b, A_log, dt_bias, state, state_indices, cu_seqlens, scale,
+            use_qk_l2norm, softplus_beta, softplus_threshold)
 
     def packed_recurrent_gated_delta_rule(self, obj, mixed_qkv, a, b, A_log, dt_bias, state,  # noqa: N803
                                           state_indices, scale=None, use_qk_l2norm=True):
