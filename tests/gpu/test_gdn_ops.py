@@ -131,6 +131,48 @@ def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference
     close(work, work_ref, "recurrent_gated_delta_rule", dtype, "state pool")
 
 
+@pytest.mark.parametrize("op", ["recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule"])
+@pytest.mark.parametrize("batch", [1, 48])
+def test_decode_replays_in_a_cuda_graph_as_it_runs_eagerly(backend, op, batch):
+    """SGLang decodes under a CUDA graph: the call captured once and replayed on new inputs
+    copied into its buffers (as SGLang's graph runner does) gives the eager call's output and
+    pool. A kernel that read a host value, or sized itself by one, fails here."""
+    impl = implements(backend, op)
+    heads = HEADS[1]
+    hv = heads[1]
+
+    def inputs(seed):
+        q, k, v, a, b, A_log, dt_bias, cu = gdn_inputs([1] * batch, heads, torch.bfloat16, seed)  # noqa: N806
+        if op == "recurrent_gated_delta_rule":
+            return (q, k, v, a, b, A_log, dt_bias), cu
+        mixed = torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1)], dim=1)
+        return (mixed, a, b, A_log, dt_bias), None
+
+    args, cu = inputs(4)
+    pool = 0.1 * torch.randn(batch + 1, hv, DV, DK, device="cuda", generator=gen(5))
+    slots = torch.arange(batch, 0, -1, dtype=torch.int32, device="cuda")
+    tail = (slots, cu) if cu is not None else (slots,)
+    captured_pool = pool.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # first call (compiles) off the capture, as SGLang warms up
+        impl.fn(None, *args, pool.clone(), *tail)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = impl.fn(None, *args, captured_pool, *tail)
+    new_args, _ = inputs(6)
+    for buf, value in zip(args, new_args, strict=True):
+        buf.copy_(value)
+    captured_pool.copy_(pool)
+    graph.replay()
+    eager_pool = pool.clone()
+    want = impl.fn(None, *new_args, eager_pool, *tail)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want, msg=lambda m: f"{op} output, graph vs eager: {m}")
+    torch.testing.assert_close(captured_pool, eager_pool, msg=lambda m: f"{op} pool: {m}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "continued"])
 def test_causal_conv1d_and_its_windows(backend, reference, with_state, dtype):
