@@ -254,13 +254,18 @@ GDN_DECODE_OPS = ("recurrent_gated_delta_rule", "packed_recurrent_gated_delta_ru
 #: never holds them, so they are timed eagerly in a graph bucket too (there the bucket is a small
 #: prefill's). Under a graph they fail to capture (they copy host lengths) and got no order.
 GDN_EXTEND_OPS = ("chunk_gated_delta_rule", "causal_conv1d")
+#: A prefill batch holds several requests: the GDN prefill ops' tokens are cut into sequences of
+#: at most this many, so an impl that loops over sequences on the host (the reference) pays per
+#: request as it would in a server. (Until 2026-12-05 one sequence: the H100 tune then put the
+#: reference's per-sequence conv1d first in prefill.)
+PREFILL_SEQUENCE = 512
 
 
 def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
     """A GDN layer's op at ``tokens`` tokens as SGLang calls it: prefill ops (chunked rule,
-    conv1d) on one sequence of ``tokens`` continuing a cached state, decode ops (recurrent
-    rule, conv1d update) on ``tokens`` sequences of one token each (at most
-    `MAX_DECODE_SEQUENCES`), through a state pool."""
+    conv1d) on sequences of at most `PREFILL_SEQUENCE` tokens (each chunked rule from a cached
+    state, every other conv1d from a cached window), decode ops (recurrent rule, conv1d update) on ``tokens`` sequences of one
+    token each (at most `MAX_DECODE_SEQUENCES`), through a state pool."""
     h, hv, dk, dv, f32 = s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim, torch.float32
     if op in GDN_DECODE_OPS:
         tokens = min(tokens, MAX_DECODE_SEQUENCES)
@@ -281,12 +286,14 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
         return Case([(_layer(), (mixed, a, b, a_log, dt_bias, pool,
                                  ints(list(range(1, tokens + 1)))))], inplace=(5,))
     q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
+    bounds = [*range(0, tokens, PREFILL_SEQUENCE), tokens]  # the prefill ops' sequences
+    seqs = len(bounds) - 1
     if op == "chunk_gated_delta_rule":  # g and beta as gdn_gating hands them on
         from sglang_fl.dispatch.backends.reference_gdn import gdn_gating
 
         g, beta = gdn_gating(a_log, a, b, dt_bias)
-        state = randn(1, hv, dv, dk, scale=0.1, dt=f32)
-        return Case([(_layer(), (q, k, v, g, beta, state, ints([0, tokens])))])
+        state = randn(seqs, hv, dv, dk, scale=0.1, dt=f32)
+        return Case([(_layer(), (q, k, v, g, beta, state, ints(bounds)))])
     if op == "recurrent_gated_delta_rule":
         pool = randn(tokens + 1, hv, dv, dk, scale=0.1, dt=f32)
         slots, cu = ints(list(range(1, tokens + 1))), ints(list(range(tokens + 1)))
@@ -294,10 +301,10 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
     dim, width = s.conv_dim, s.conv_kernel
     weight = randn(dim, width, scale=width ** -0.5)
     if op == "causal_conv1d":
-        states = randn(2, dim, width - 1)
-        has = torch.ones(1, dtype=torch.bool, device=device)
-        return Case([(_layer(), (randn(dim, tokens), weight, None, states, ints([0, tokens]),
-                                 ints([1]), has, "silu"))], inplace=(3,))
+        states = randn(seqs + 1, dim, width - 1)
+        has = torch.arange(seqs, device=device) % 2 == 0
+        return Case([(_layer(), (randn(dim, tokens), weight, None, states, ints(bounds),
+                                 ints(list(range(1, seqs + 1))), has, "silu"))], inplace=(3,))
     if op == "causal_conv1d_update":
         states = randn(tokens + 1, dim, width - 1)
         return Case([(_layer(), (randn(tokens, dim), states, weight, None, "silu",
@@ -689,7 +696,8 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         "#   a bucket's order is its kinds by their time summed over its token counts, fastest first.",
         *([f"# GDN decode ops ({', '.join(GDN_DECODE_OPS)}): one token per sequence, at most "
            f"{MAX_DECODE_SEQUENCES} sequences timed; GDN prefill ops ({', '.join(GDN_EXTEND_OPS)}): "
-           "eager in every bucket (SGLang's decode graph never holds them)"]
+           f"sequences of at most {PREFILL_SEQUENCE} tokens, eager in every bucket (SGLang's "
+           "decode graph never holds them)"]
           if any(m.linear_key_heads for m in result.shapes) else []),
         f"# accuracy gate: each impl against the fp32 reference, op table tolerance for {result.dtype}.",
     ]

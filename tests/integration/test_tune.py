@@ -518,3 +518,22 @@ def test_gdn_prefill_ops_are_timed_eagerly_in_a_graph_bucket_too(tiny_hybrid):
     assert result.ops["causal_conv1d_update"].us["reference"][1] == 1.0
     assert len(graphed) == 2  # causal_conv1d_update at 1 and 2 sequences only
     assert "eager in every bucket" in to_yaml(result)
+
+
+def test_gdn_prefill_cases_hold_several_sequences_as_a_prefill_batch_does(tiny_hybrid):
+    """A prefill batch holds several requests: the chunked rule and the prefill conv1d are timed
+    on sequences of at most PREFILL_SEQUENCE tokens, so an impl that loops over sequences on
+    the host pays per request (the H100 tune of 2026-12-05 timed one sequence and put the
+    reference conv1d first)."""
+    from sglang_fl.tune import PREFILL_SEQUENCE, build_case
+
+    shapes = ModelShapes.from_model(tiny_hybrid)
+    tokens = 3 * PREFILL_SEQUENCE + 10
+    conv = build_case("causal_conv1d", shapes, tokens, torch.float32, "cpu")
+    _, (x, _, _, states, starts, slots, has, _) = conv.variants[0]
+    assert starts.tolist() == [0, 512, 1024, 1536, tokens] and x.shape[1] == tokens
+    assert slots.tolist() == [1, 2, 3, 4] and states.shape[0] == 5  # slot 0 idle
+    assert has.tolist() == [True, False, True, False]
+    chunk = build_case("chunk_gated_delta_rule", shapes, 64, torch.float32, "cpu")
+    _, (q, *_, state, cu) = chunk.variants[0]
+    assert cu.tolist() == [0, 64] and state.shape[0] == 1 and q.shape[1] == 64
