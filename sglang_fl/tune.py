@@ -303,8 +303,9 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
     if op == "causal_conv1d":
         states = randn(seqs + 1, dim, width - 1)
         has = torch.arange(seqs, device=device) % 2 == 0
+        lens = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
         return Case([(_layer(), (randn(dim, tokens), weight, None, states, ints(bounds),
-                                 ints(list(range(1, seqs + 1))), has, "silu"))], inplace=(3,))
+                                 ints(list(range(1, seqs + 1))), has, "silu", lens))], inplace=(3,))
     if op == "causal_conv1d_update":
         states = randn(tokens + 1, dim, width - 1)
         return Case([(_layer(), (randn(tokens, dim), states, weight, None, "silu",

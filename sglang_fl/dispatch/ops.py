@@ -216,6 +216,19 @@ def _gemma_rms_norm_without_post(fn):
 # Gated DeltaNet ops (listed in the table below)
 # ---------------------------------------------------------------------------------------------
 
+
+def _without_seq_lens_cpu(fn):
+    """A ``causal_conv1d`` written before ``seq_lens_cpu`` (it reads the lengths on the device)."""
+
+    @functools.wraps(fn)
+    def causal_conv1d(obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
+                      has_initial_state, activation="silu", seq_lens_cpu=None):
+        return fn(obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
+                  has_initial_state, activation)
+
+    return causal_conv1d
+
+
 #: A chunked or token-by-token fp32 recurrence over up to a few hundred tokens, against the
 #: reference's chunked form: the order of the sums differs, the state is fp32 either way.
 GDN_TOLERANCE = Tolerance(float32=(1e-4, 1e-4), float16=(5e-3, 5e-3), bfloat16=(3e-2, 3e-2))
@@ -288,7 +301,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
     OpSpec(
         name="causal_conv1d",
         signature=("(obj, x, weight, bias, conv_states, query_start_loc, cache_indices, "
-                   "has_initial_state, activation='silu')"),
+                   "has_initial_state, activation='silu', seq_lens_cpu=None)"),
         layer_attrs=(),
         contract=(
             "Prefill. -> Tensor [dim, T] in x's dtype for x [dim, T] (channel rows), weight "
@@ -296,9 +309,14 @@ GDN_OPS: tuple[OpSpec, ...] = (
             "causal convolution of its tokens preceded by conv_states[cache_indices[n]] "
             "[dim, width - 1] when has_initial_state[n] (else zeros), then SiLU when "
             "activation is 'silu'/'swish' (None: none). Each slot receives its sequence's last "
-            "width - 1 inputs (state included), in place."),
+            "width - 1 inputs (state included), in place. seq_lens_cpu: the sequences' "
+            "lengths as a host list where the caller has them (SGLang does), so that an impl "
+            "needing them on the host does not sync on query_start_loc; None: read them there."),
         serves=(),
         called_as=("sgl_kernel.mamba.causal_conv1d_fn_cpu", "gdn_backend.causal_conv1d_fn"),
+        optional=("seq_lens_cpu",),
+        adapt_short=_without_seq_lens_cpu,
+        arg_types=(("seq_lens_cpu", "int[]?"),),
         # SGLang's Triton kernel rounds each tap's product to the input dtype before its fp32
         # sum (H200, bf16: 1 element in 1.1 M past ROUNDING, 0.026 at |out| ~0.5).
         tolerance=ROUNDING.one_rounding_more(),

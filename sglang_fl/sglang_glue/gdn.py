@@ -79,7 +79,7 @@ def causal_conv1d_fn_cpu(x, weight, bias=None, conv_states=None, query_start_loc
     if conv_states is None:
         raise ValueError("causal_conv1d_fn_cpu: conv_states is required (the per-slot windows)")
     return _call("causal_conv1d", "causal_conv1d_fn_cpu", x, weight, bias, conv_states,
-                 query_start_loc, cache_indices, has_initial_state, activation)
+                 query_start_loc, cache_indices, has_initial_state, activation, seq_lens_cpu)
 
 
 def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None,
@@ -286,7 +286,7 @@ def _routed_conv(original):
                             cache_indices=cache_indices, has_initial_state=has_initial_state,
                             activation=activation, **kwargs)
         return _call("causal_conv1d", "gdn_backend.causal_conv1d_fn", x, weight, bias, conv_states,
-                     query_start_loc, cache_indices, has_initial_state, activation)
+                     query_start_loc, cache_indices, has_initial_state, activation, seq_lens_cpu)
 
     return causal_conv1d_fn
 

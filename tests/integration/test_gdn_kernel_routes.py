@@ -209,3 +209,63 @@ def test_extend_writes_the_tracked_prefix_states_the_extra_buffer_cache_asks_for
         torch.testing.assert_close(track[row], want[0])
     torch.testing.assert_close(track[3], pool[3])  # no token of it yet: its initial state
     assert track[1].isnan().all()
+
+
+def test_the_conv_route_hands_sglangs_host_lengths_to_the_op(routed, monkeypatch):
+    """SGLang passes the sequences' lengths on the host beside query_start_loc; the route hands
+    them on, so SGLang's kernel (vendor) and the reference need not sync the device to read
+    them. An impl written before the parameter still serves (it reads query_start_loc)."""
+    _, backend = routed
+    seen = []
+    real = ref.causal_conv1d
+
+    def recording(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(ref, "causal_conv1d", recording)
+    gen = torch.Generator().manual_seed(4)
+    dim, width = 6, 4
+    x, weight = torch.randn(dim, 7, generator=gen), torch.randn(dim, width, generator=gen)
+    states = torch.randn(3, dim, width - 1, generator=gen)
+    cu = torch.tensor([0, 5, 7], dtype=torch.int32)
+    backend.causal_conv1d_fn(x, weight, None, activation="silu", conv_states=states,
+                             has_initial_state=torch.tensor([True, True]),
+                             cache_indices=torch.tensor([1, 2]), query_start_loc=cu,
+                             seq_lens_cpu=[5, 2])
+    assert seen == [[5, 2]]
+
+    from sglang_fl.dispatch.ops import op_spec
+    from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+    from sglang_fl.dispatch.verify import verify_impl
+
+    def before(obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
+               has_initial_state, activation="silu"):
+        return real(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                    has_initial_state, activation)
+
+    impl = verify_impl(OpImpl("causal_conv1d", "vendor.old", BackendImplKind.VENDOR, before,
+                              vendor="old"))
+    assert "seq_lens_cpu" in op_spec("causal_conv1d").optional
+    out = impl.fn(None, x, weight, None, states.clone(), cu, torch.tensor([1, 2]),
+                  torch.tensor([True, True]), "silu", [5, 2])
+    assert out.shape == x.shape
+
+
+def test_the_reference_conv_with_host_lengths_equals_it_without_and_checks_them():
+    gen = torch.Generator().manual_seed(5)
+    dim, width = 6, 4
+    x, weight = torch.randn(dim, 9, generator=gen), torch.randn(dim, width, generator=gen)
+    bias = torch.randn(dim, generator=gen)
+    states = torch.randn(4, dim, width - 1, generator=gen)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    slots, has = torch.tensor([3, 0]), torch.tensor([False, True])
+    a, b = states.clone(), states.clone()
+    want = ref.causal_conv1d(x, weight, bias, a, cu, slots, has, "silu")
+    got = ref.causal_conv1d(x, weight, bias, b, cu, slots, has, "silu", [4, 5])
+    torch.testing.assert_close(got, want)
+    assert torch.equal(a, b) and torch.equal(a[1:3], states[1:3])  # slots 1, 2 are nobody's
+    assert not torch.equal(a[3], states[3]) and torch.equal(a[3], x[:, 1:4])  # its last inputs
+    with pytest.raises(ValueError, match=r"seq_lens_cpu \[4, 4\] must be non-negative and sum "
+                                         r"to the token count 9"):
+        ref.causal_conv1d(x, weight, bias, states.clone(), cu, slots, has, "silu", [4, 4])

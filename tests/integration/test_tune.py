@@ -530,7 +530,8 @@ def test_gdn_prefill_cases_hold_several_sequences_as_a_prefill_batch_does(tiny_h
     shapes = ModelShapes.from_model(tiny_hybrid)
     tokens = 3 * PREFILL_SEQUENCE + 10
     conv = build_case("causal_conv1d", shapes, tokens, torch.float32, "cpu")
-    _, (x, _, _, states, starts, slots, has, _) = conv.variants[0]
+    _, (x, _, _, states, starts, slots, has, _, lens) = conv.variants[0]
+    assert lens == [512, 512, 512, 10]  # the host lengths SGLang passes beside query_start_loc
     assert starts.tolist() == [0, 512, 1024, 1536, tokens] and x.shape[1] == tokens
     assert slots.tolist() == [1, 2, 3, 4] and states.shape[0] == 5  # slot 0 idle
     assert has.tolist() == [True, False, True, False]

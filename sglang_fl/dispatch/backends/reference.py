@@ -40,9 +40,9 @@ class GDNReference:
                                                      state_indices, scale, use_qk_l2norm)
 
     def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
-                      has_initial_state, activation="silu"):
+                      has_initial_state, activation="silu", seq_lens_cpu=None):
         return gdn.causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                                 has_initial_state, activation)
+                                 has_initial_state, activation, seq_lens_cpu)
 
     def causal_conv1d_update(self, obj, x, conv_state, weight, bias=None, activation=None,
                              conv_state_indices=None):

@@ -11,6 +11,8 @@ contiguous), the transpose of HF's ``[.., K, V]``.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -194,27 +196,41 @@ def _activate(x, activation):
 
 
 def causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                  has_initial_state, activation="silu"):
+                  has_initial_state, activation="silu", seq_lens_cpu=None):
     """Depthwise causal conv over each sequence of ``x [dim, T]`` (``weight [dim, width]``),
     starting from ``conv_states[cache_indices[n]] [dim, width - 1]`` where has_initial_state[n]
-    (zeros elsewhere); each sequence's last width - 1 inputs are written back to its slot."""
+    (zeros elsewhere); each sequence's last width - 1 inputs are written back to its slot.
+    With ``seq_lens_cpu`` (SGLang passes it) nothing here waits for the device: the slots are
+    gathered and written back with tensor indices, not read one by one on the host."""
     dim, total = x.shape
     width = weight.shape[-1]
     if weight.shape != (dim, width):
         raise ValueError(f"weight [dim={dim}, width] expected; got {tuple(weight.shape)}")
-    spans = _spans(query_start_loc, total)
+    if seq_lens_cpu is None:
+        spans = _spans(query_start_loc, total)
+    else:
+        lens = [int(n) for n in seq_lens_cpu]
+        if sum(lens) != total or any(n < 0 for n in lens):
+            raise ValueError(f"seq_lens_cpu {lens} must be non-negative and sum to the token "
+                             f"count {total}")
+        ends = list(itertools.accumulate(lens))
+        spans = list(zip([0, *ends[:-1]], ends, strict=True))
+    slots = (cache_indices.long() if cache_indices is not None
+             else torch.arange(len(spans), device=x.device))
+    prefixes = conv_states[slots, :, -(width - 1):].to(x.dtype)
+    if has_initial_state is not None:
+        prefixes = torch.where(has_initial_state.view(-1, 1, 1).to(torch.bool), prefixes, 0)
     out = torch.empty_like(x)
+    windows = []
+    w = weight.unsqueeze(1).to(x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
     for n, (start, end) in enumerate(spans):
-        slot = int(cache_indices[n]) if cache_indices is not None else n
-        if has_initial_state is not None and bool(has_initial_state[n]):
-            prefix = conv_states[slot, :, -(width - 1):].to(x.dtype)
-        else:
-            prefix = x.new_zeros(dim, width - 1)
-        seq = torch.cat((prefix, x[:, start:end]), dim=-1)
-        y = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1).to(x.dtype),
-                     None if bias is None else bias.to(x.dtype), groups=dim)[0]
+        seq = torch.cat((prefixes[n], x[:, start:end]), dim=-1)
+        y = F.conv1d(seq.unsqueeze(0), w, b, groups=dim)[0]
         out[:, start:end] = _activate(y, activation)
-        conv_states[slot, :, -(width - 1):] = seq[:, -(width - 1):].to(conv_states.dtype)
+        windows.append(seq[:, -(width - 1):])
+    if windows:
+        conv_states[slots, :, -(width - 1):] = torch.stack(windows).to(conv_states.dtype)
     return out
 
 

@@ -113,8 +113,10 @@ class CudaBackend(Backend):
         return out.transpose(0, 1)
 
     def causal_conv1d(self, obj, x, weight, bias, conv_states, query_start_loc, cache_indices,
-                      has_initial_state, activation="silu"):
-        seq_lens = query_start_loc.diff().tolist()
+                      has_initial_state, activation="silu", seq_lens_cpu=None):
+        # SGLang's kernel takes the lengths on the host: the caller's, else a sync to read them.
+        seq_lens = (list(seq_lens_cpu) if seq_lens_cpu is not None
+                    else query_start_loc.diff().tolist())
         return _sglang_kernel("causal_conv1d_fn")(
             x, weight, bias, conv_states=conv_states, query_start_loc=query_start_loc,
             seq_lens_cpu=seq_lens, cache_indices=cache_indices,
