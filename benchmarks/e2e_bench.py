@@ -78,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_plan  # noqa: E402
 from paired_stats import summarize_pairs  # noqa: E402
 
+from sglang_fl.dispatch.ops import GDN_OPS, OP_NAMES, ROUTED_CLASSES  # noqa: E402
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 from sglang_fl.models.hf_reference import (  # noqa: E402
     ACCEPTED,
@@ -94,14 +95,10 @@ METRICS = ("decode_bs1_tok_s", "decode_bs32_tok_s", "prefill_tok_s")
 # name -> environment (added to the server's). The plugin is installed in all of them; what
 # changes is which backend runs SGLang's fused ops (Layer 2) and whether FlagGems replaces ATen
 # ops (Layer 1). Every knob is an env variable, so a configuration does not depend on the YAML.
-_ALL_CLASSES = ("SiluAndMul,RMSNorm,GemmaRMSNorm,RotaryEmbedding,MRotaryEmbedding,TopK,"
-                "UnquantizedFusedMoEMethod,RMSNormGated")
+_ALL_CLASSES = ",".join(ROUTED_CLASSES)
 #: The Gated DeltaNet ops SGLang calls as functions (no layer class to leave on SGLang's
 #: forward): on a GPU sglang-fl routes them whatever the blacklist says (sglang_glue/gdn.py).
-_GDN = ("gdn_gating", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-        "packed_recurrent_gated_delta_rule", "causal_conv1d", "causal_conv1d_update")
-_OPS = ("rms_norm", "gemma_rms_norm", "rotary_embedding", "mrotary_embedding", "silu_and_mul",
-        "topk", "fused_moe", "rms_norm_gated", *_GDN)
+_GDN = tuple(spec.name for spec in GDN_OPS if not spec.serves)
 
 
 def model_vocab(model_path) -> int:
@@ -122,7 +119,7 @@ def _every_op(kind):
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
     cls = {"flagos": FlagGemsBackend, "reference": ReferenceBackend}.get(kind)
-    ops = [op for op in _OPS if cls is None or callable(getattr(cls, op, None))]
+    ops = [op for op in OP_NAMES if cls is None or callable(getattr(cls, op, None))]
     return ";".join(f"{op}={kind}" for op in ops)
 
 

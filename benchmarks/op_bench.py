@@ -78,8 +78,8 @@ def _cases(tokens):
             yield ("fused_moe", dict(tokens=t, experts=experts, top_k=k, hidden=hidden,
                                      intermediate=inter))
     # Gated DeltaNet (Qwen3.6-35B-A3B: 16 key / 32 value heads; Qwen3.6-27B: 48 value heads),
-    # inputs as `sglang-fl tune` builds them: prefill ops on one sequence of `tokens` continuing
-    # a cached state, decode ops on `tokens` one-token sequences through a state pool.
+    # inputs as `sglang-fl tune` builds them: prefill ops on sequences of at most
+    # PREFILL_SEQUENCE tokens, decode ops on `tokens` one-token sequences through a state pool.
     # Prefill ops stop at 2048 tokens (the reference's chunk loop is slow), decode ops at tune's
     # MAX_DECODE_SEQUENCES (above it their case is capped, so the row would not be what it says).
     for value_heads in (32, 48):

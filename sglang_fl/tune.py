@@ -264,8 +264,9 @@ PREFILL_SEQUENCE = 512
 def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype) -> Case:
     """A GDN layer's op at ``tokens`` tokens as SGLang calls it: prefill ops (chunked rule,
     conv1d) on sequences of at most `PREFILL_SEQUENCE` tokens (each chunked rule from a cached
-    state, every other conv1d from a cached window), decode ops (recurrent rule, conv1d update) on ``tokens`` sequences of one
-    token each (at most `MAX_DECODE_SEQUENCES`), through a state pool."""
+    state, every other conv1d from a cached window), decode ops (recurrent rule, conv1d update)
+    on ``tokens`` sequences of one token each (at most `MAX_DECODE_SEQUENCES`), through a state
+    pool."""
     h, hv, dk, dv, f32 = s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim, torch.float32
     if op in GDN_DECODE_OPS:
         tokens = min(tokens, MAX_DECODE_SEQUENCES)
