@@ -6,8 +6,9 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
   ``apply_rotary_pos_emb`` races (compat ledger ``flaggems:rope-inplace``).
 - `silu_mul`: ``silu_and_mul`` for the ``flagos`` backend, because FlagGems 5.0.2's costs
   ~145 us of launch per eager call (the largest FlagGems-only prefill gap) and runs slower.
-- `gemma_norm`: ``gemma_rms_norm`` for the ``flagos`` backend, because FlagGems has no Gemma
-  norm (scale by ``1 + weight``) and forming that weight per call cost two kernels per norm.
+- `rms_norm`: ``rms_norm`` and ``gemma_rms_norm`` for the ``flagos`` backend, because
+  FlagGems' norms cost 114-130 us of host time per eager call (H100), and FlagGems has no
+  Gemma norm (scale by ``1 + weight``): forming that weight per call cost two kernels.
 - `gdn_decode`: the Gated DeltaNet decode ops for the ``flagos`` backend, because FlagGems'
   recurrent kernel keeps states as ``[K, V]``: serving SGLang's ``[V, K]`` pool through it cost
   a gather, two transposes and a scatter of every state, 20x SGLang's kernel (H100).

@@ -1,8 +1,8 @@
-"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, Gemma RMSNorm, GDN decode) compile for NVIDIA GPUs,
+"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode) compile for NVIDIA GPUs,
 checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
 ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and Ampere
 (sm_80), with the meta-parameters the launchers really use. The interpreter tests
-(test_rope_kernel.py, test_silu_mul_kernel.py, test_gemma_norm_kernel.py,
+(test_rope_kernel.py, test_silu_mul_kernel.py, test_rms_norm_kernel.py,
 test_gdn_decode_kernel.py) check what the
 kernels compute; only a compile finds what the interpreter lets through, such as a branch whose
 two sides have different types (how SGLang's own conv1d kernel failed on the H100 on
@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_fl.kernels import gdn_decode, gemma_norm, rope, silu_mul  # noqa: E402
+from sglang_fl.kernels import gdn_decode, rms_norm, rope, silu_mul  # noqa: E402
 
 try:
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
@@ -72,19 +72,22 @@ def test_silu_and_mul_kernel_compiles(target, dtype, d):
 
 
 @pytest.mark.parametrize("target", ["sm90", "sm80"])
-@pytest.mark.parametrize(("dtype", "weight", "n", "residual"), [
-    ("bfloat16", "bf16", 5120, True),   # Qwen3.6-27B's hidden, with the residual
-    ("bfloat16", "bf16", 256, False),   # its q/k norms over a head
-    ("float16", "fp32", 2048, True),
-    ("float32", "fp32", 40, False),
+@pytest.mark.parametrize(("dtype", "weight", "n", "residual", "post", "gemma"), [
+    ("bfloat16", "bf16", 5120, True, False, True),    # Qwen3.6-27B's hidden, with the residual
+    ("bfloat16", "bf16", 256, False, False, True),    # its q/k norms over a head
+    ("bfloat16", "bf16", 896, True, False, False),    # Qwen2.5-0.5B's fused add-RMSNorm
+    ("bfloat16", "bf16", 896, False, False, False),   # its first layer's plain norm
+    ("float16", "fp32", 2048, True, True, False),     # with a post-residual addition
+    ("float32", "fp32", 40, False, False, True),
 ])
-def test_gemma_rms_norm_kernel_compiles(target, dtype, weight, n, residual):
-    block, warps = gemma_norm._geometry(n)
+def test_rms_norm_kernel_compiles(target, dtype, weight, n, residual, post, gemma):
+    block, warps = rms_norm._geometry(n)
     t = TRITON_TYPES[dtype]
-    kernel = compile_kernel(gemma_norm._kernel(),
-                            {"x_ptr": t, "res_ptr": t, "w_ptr": weight, "out_ptr": t},
-                            {"HAS_RESIDUAL": residual, "BLOCK": block}, warps, target,
-                            floats=("eps",))
+    pointers = {"x_ptr": t, "res_ptr": t, "post_ptr": t, "w_ptr": weight, "out_ptr": t,
+                "res_out_ptr": t}
+    kernel = compile_kernel(rms_norm._kernel(), pointers,
+                            {"HAS_RESIDUAL": residual, "HAS_POST": post, "GEMMA": gemma,
+                             "BLOCK": block}, warps, target, floats=("eps",))
     assert kernel.asm["cubin"], "no cubin"
 
 

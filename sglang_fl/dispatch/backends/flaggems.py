@@ -22,8 +22,9 @@ sglang-fl's own kernel (``sglang_fl.kernels.rope``), because FlagGems' in-place 
 
 SiLU-and-mul on a device is sglang-fl's own kernel (``sglang_fl.kernels.silu_mul``): FlagGems'
 costs ~145 us of launch per eager call (H100), the largest FlagGems-only gap in eager prefill.
-So is the Gemma norm (``sglang_fl.kernels.gemma_norm``): FlagGems has none, and forming
-``1 + weight`` per call cost two extra kernels per norm.
+So are RMSNorm and the Gemma norm (``sglang_fl.kernels.rms_norm``): FlagGems' norms cost
+114-130 us of host time per eager call (H100), and FlagGems has no Gemma norm (forming
+``1 + weight`` per call cost two extra kernels per norm).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from __future__ import annotations
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
 from sglang_fl.dispatch.types import BackendImplKind
-from sglang_fl.kernels import gdn_decode, gemma_norm, silu_mul
+from sglang_fl.kernels import gdn_decode, silu_mul
+from sglang_fl.kernels import rms_norm as norms
 
 
 def ensure_triton_allocator(device: str) -> None:
@@ -91,6 +93,11 @@ class FlagGemsBackend(Backend):
 
     def rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         shape, weight, eps = [x.shape[-1]], obj.weight, obj.variance_epsilon
+        if norms.supports(x, weight, residual, post_residual_addition):
+            # FlagGems' norms cost 114-130 us of host time per eager call (H100): sglang-fl's
+            # own kernel, one plain launch, adding post_residual_addition itself
+            # (sglang_fl/kernels/rms_norm.py).
+            return norms.rms_norm(x, weight, eps, residual, post_residual_addition)
         if residual is None:
             return self._gems.rms_norm(x, shape, weight, eps)
         if post_residual_addition is None:  # the kernel adds x + residual in fp32 itself
@@ -102,10 +109,10 @@ class FlagGemsBackend(Backend):
     def gemma_rms_norm(self, obj, x, residual=None, post_residual_addition=None):
         if residual is not None and post_residual_addition is not None:
             residual = residual + post_residual_addition  # in x's dtype, as forward_native
-        if gemma_norm.supports(x, obj.weight, residual):
+        if norms.supports(x, obj.weight, residual):
             # FlagGems has no Gemma norm: sglang-fl's own kernel adds the 1 to the weight
-            # itself, one launch per norm (sglang_fl/kernels/gemma_norm.py).
-            return gemma_norm.gemma_rms_norm(x, obj.weight, obj.variance_epsilon, residual)
+            # itself, one launch per norm (sglang_fl/kernels/rms_norm.py).
+            return norms.gemma_rms_norm(x, obj.weight, obj.variance_epsilon, residual)
         # Elsewhere FlagGems' plain norm with 1 + weight (in fp32, as forward_native), formed
         # per call since nothing tells us when a weight loader rewrites obj.weight.
         weight = obj.weight.float() + 1.0
