@@ -3,20 +3,23 @@ item 2b: is a cheaper launch worth building?). The kernel is sglang-fl's in-plac
 (sglang_fl/kernels/rope.py), the flagos backend's ``rotary_embedding``; per token count:
 
 - ``wrapper``: ``rotary_embedding_inplace(...)`` as the backend calls it (its Python, then
-  ``JITFunction.run``);
+  sglang-fl's bound launch, ``sglang_fl/kernels/launch.py``);
+- ``wrapper-jit``: the same Python, then ``JITFunction.run`` (the wrapper until 2026-12-05);
 - ``jit``: ``kernel[grid](*args, **meta)`` with the arguments computed once
   (``JITFunction.run`` alone: Triton's binder and specialisation key, the cache lookup, the
   launch);
+- ``launch``: sglang-fl's bound launch with the arguments computed once (Triton's
+  specialisation of each argument as the key, then the compiled runner);
 - ``bound``: the ``CompiledKernel`` that run returned, its runner made once per shape and called
   with every argument in signature order (what FlagGems' LibEntry does on Triton 3.3-3.6): no
-  binder, no key;
+  binder, no key: the floor of a host-side launch;
 - ``graph``: the same call captured ``--per-graph`` times in a CUDA graph and replayed: the kernel
   alone.
 
 Each is timed with CUDA events around ``--calls`` back-to-back calls (host-bound wherever the
 launch costs more than the kernel), ``--repeats`` times, the paths in rotating order; medians
-with min and max. Before timing, ``bound`` and ``jit`` must write exactly what ``wrapper``
-writes. ``bound - jit`` is what a bound launch would save per call, ``jit - graph`` what the
+with min and max. Before timing, every path must write exactly what ``wrapper`` writes.
+``launch - jit`` is what sglang-fl's bound launch saves per call, ``jit - graph`` what the
 launch costs over the kernel. JSON (``--out``) and a markdown table.
 
     python benchmarks/launch_cost.py --out launch-cost.json    # on a CUDA host with Triton
@@ -29,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-PATHS = ("wrapper", "jit", "bound", "graph")
+PATHS = ("wrapper", "wrapper-jit", "jit", "launch", "bound", "graph")
 
 
 def ordered_args(arg_names, args, meta):
@@ -54,14 +57,14 @@ def bound_call(kernel, grid, args, meta):
 
 
 def table(doc):
-    head = ["tokens", *[f"{p} us" for p in PATHS], "bound - jit", "jit - graph"]
+    head = ["tokens", *[f"{p} us" for p in PATHS], "launch - jit", "jit - graph"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for tokens, row in doc["results"].items():
         med = {p: row[p]["median"] for p in PATHS if p in row}
         cells = [str(tokens)]
         cells += [f"{row[p]['median']:.2f} ({row[p]['min']:.2f}-{row[p]['max']:.2f})" if p in row
                   else row.get("errors", {}).get(p, "-")[:60] for p in PATHS]
-        cells.append(f"{med['bound'] - med['jit']:+.2f}" if {"bound", "jit"} <= med.keys() else "-")
+        cells.append(f"{med['launch'] - med['jit']:+.2f}" if {"launch", "jit"} <= med.keys() else "-")
         cells.append(f"{med['jit'] - med['graph']:+.2f}" if {"jit", "graph"} <= med.keys() else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -84,7 +87,7 @@ def main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from op_bench import make_graph, summarize, time_eager, time_graph, versions
 
-    from sglang_fl.kernels import rope
+    from sglang_fl.kernels import launch, rope
 
     dev, hd, dtype = "cuda", args.head_size, torch.bfloat16
     inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
@@ -100,8 +103,14 @@ def main(argv=None):
         q, k, _ = qkv.split([args.q_heads * hd, args.kv_heads * hd, args.kv_heads * hd], dim=-1)
         pos = torch.randint(0, 32768, (tokens,), device=dev)
         grid, kargs, meta = rope.launch_plan(q, k, cos, sin, pos, hd)
+        def wrapper_jit(q=q, k=k, pos=pos):
+            g, a, m = rope.launch_plan(q, k, cos, sin, pos, hd)
+            kernel[g](*a, **m)
+
         calls = {"wrapper": lambda q=q, k=k, pos=pos: rope.rotary_embedding_inplace(q, k, cos, sin, pos, hd),
-                 "jit": lambda grid=grid, kargs=kargs, meta=meta: kernel[grid](*kargs, **meta)}
+                 "wrapper-jit": wrapper_jit,
+                 "jit": lambda grid=grid, kargs=kargs, meta=meta: kernel[grid](*kargs, **meta),
+                 "launch": lambda grid=grid, kargs=kargs, meta=meta: launch.launch(kernel, grid, kargs, meta)}
         row, errors = {}, {}
         try:
             calls["bound"] = bound_call(kernel, grid, kargs, meta)
@@ -111,7 +120,7 @@ def main(argv=None):
         x = qkv.clone()
         rope.rotary_embedding_inplace(q, k, cos, sin, pos, hd)
         want = qkv.clone()
-        for name in [n for n in ("jit", "bound") if n in calls]:
+        for name in [n for n in PATHS if n in calls and n != "wrapper"]:
             qkv.copy_(x)
             calls[name]()
             torch.cuda.synchronize()

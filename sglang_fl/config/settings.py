@@ -274,6 +274,9 @@ FIELDS: tuple[Field, ...] = (
     Field("custom_ops", "SGLANG_FL_CUSTOM_OPS", "custom_ops", _bool, False,
           "Call routed ops through torch.library custom ops (one opaque node for torch.compile "
           "and piecewise CUDA graphs); costs a dispatcher call in eager mode."),
+    Field("bound_launch", "SGLANG_FL_BOUND_LAUNCH", "bound_launch", _bool, True,
+          "Launch sglang-fl's own Triton kernels through the runner Triton compiled for the "
+          "call's specialisation (less host time per eager call) instead of kernel[grid]."),
     Field("oot_blacklist", "SGLANG_FL_OOT_BLACKLIST", "oot_blacklist", _names(ROUTED_CLASSES), (),
           "Layer-2 classes left on SGLang's own forward."),
     Field("oot_whitelist", "SGLANG_FL_OOT_WHITELIST", "oot_whitelist", _names(ROUTED_CLASSES), (),
@@ -339,6 +342,7 @@ class Settings:
     op_backends: Mapping[str, tuple[str, ...]]
     token_buckets: tuple[tuple[str, int | None], ...]
     custom_ops: bool
+    bound_launch: bool
     oot_blacklist: tuple[str, ...]
     oot_whitelist: tuple[str, ...]
     strict: bool

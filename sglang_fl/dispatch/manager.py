@@ -298,9 +298,11 @@ def get_manager() -> OpManager:
         with _manager_lock:
             if _manager is None:
                 from sglang_fl.config import get_settings
+                from sglang_fl.kernels import launch
 
                 registry = OpRegistry()
                 settings = get_settings()
+                launch.set_enabled(settings.bound_launch)
                 manager = OpManager(registry, SelectionPolicy.from_settings(settings))
                 for status in discover_backends(registry, settings.enable_vendors):
                     manager.record_backend(status)

@@ -27,10 +27,12 @@ Triton is imported at the first call (`_kernel`), so this module imports without
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
 from sglang_fl.kernels import next_power_of_2
+from sglang_fl.kernels.launch import launch
 
 _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 #: The widest row one program takes whole (Qwen3.6-27B's hidden is 5120).
@@ -82,14 +84,12 @@ def _norm(x, weight, eps, residual, post, gemma):
         res_out = res if post is None else torch.empty_like(res)
     if rows.shape[0] and n:
         pst = None if post is None else post.view(-1, n)
-        block, warps = _geometry(n)
-        _kernel()[(rows.shape[0],)](
+        launch(_kernel(), (rows.shape[0],), (
             rows, rows if res is None else res, rows if pst is None else pst, weight, out,
             out if res_out is None else res_out, n, rows.stride(0),
             0 if res is None else res.stride(0), 0 if pst is None else pst.stride(0),
-            out.stride(0), 0 if res_out is None else res_out.stride(0), eps,
-            HAS_RESIDUAL=res is not None, HAS_POST=pst is not None, GEMMA=gemma, BLOCK=block,
-            num_warps=warps)
+            out.stride(0), 0 if res_out is None else res_out.stride(0), eps),
+            _meta(n, res is not None, pst is not None, gemma))
     if residual is None:
         return out if x.dim() == 2 else out.view(x.shape)
     return x, (residual if post is None else res_out.view(residual.shape))
@@ -100,6 +100,14 @@ def _geometry(n: int) -> tuple[int, int]:
     """The row's block and warps: 8 elements per thread, 1 to 16 warps."""
     block = next_power_of_2(n)
     return block, max(1, min(16, block // 256))
+
+
+@functools.lru_cache(maxsize=256)
+def _meta(n: int, residual: bool, post: bool, gemma: bool):
+    """The launch's constexprs and options, one mapping per case (`launch` keys on it)."""
+    block, warps = _geometry(n)
+    return types.MappingProxyType(dict(HAS_RESIDUAL=residual, HAS_POST=post, GEMMA=gemma,
+                                       BLOCK=block, num_warps=warps))
 
 
 @functools.cache

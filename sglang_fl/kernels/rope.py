@@ -34,6 +34,7 @@ import functools
 import types
 
 from sglang_fl.kernels import next_power_of_2
+from sglang_fl.kernels.launch import launch
 
 #: Elements of one half-tile ([rows, rotary_dim // 2]) a program aims for: 8 per thread at 4
 #: warps, i.e. 2 KiB (fp16) to 4 KiB (fp32) per load.
@@ -49,8 +50,7 @@ def rotary_embedding_inplace(query, key, cos, sin, position_ids, head_size,
     of any float dtype, position_ids ``[tokens]``. Returns ``(query, key)``."""
     plan = launch_plan(query, key, cos, sin, position_ids, head_size, rotary_interleaved)
     if plan is not None:
-        grid, args, meta = plan
-        _kernel()[grid](*args, **meta)
+        launch(_kernel(), *plan)
     return query, key
 
 

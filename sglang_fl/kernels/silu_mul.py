@@ -16,10 +16,12 @@ Triton is imported at the first call (`_kernel`), so this module imports without
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
 from sglang_fl.kernels import next_power_of_2
+from sglang_fl.kernels.launch import launch
 
 #: The dtypes the kernel computes as SGLang's does (in fp32, rounded once); others go to FlagGems.
 _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -36,9 +38,8 @@ def silu_and_mul(x):
     rows = x if flat else x.reshape(-1, x.shape[-1])
     out = torch.empty(rows.shape[0], d, dtype=x.dtype, device=x.device)
     if rows.shape[0] and d:
-        block, warps = _geometry(d)
-        _kernel()[(rows.shape[0], -(-d // block))](
-            rows, out, d, rows.stride(0), d, BLOCK=block, num_warps=warps)
+        block, meta = _geometry(d)
+        launch(_kernel(), (rows.shape[0], -(-d // block)), (rows, out, d, rows.stride(0), d), meta)
     return out if flat else out.view(*x.shape[:-1], d)
 
 
@@ -50,10 +51,11 @@ def supports(x) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _geometry(d: int) -> tuple[int, int]:
-    """Channels per program and warps, for rows of ``2 * d``."""
+def _geometry(d: int):
+    """Channels per program and the launch's meta (one mapping per width: `launch` keys on
+    it), for rows of ``2 * d``."""
     block = min(_BLOCK, next_power_of_2(d))
-    return block, max(1, min(4, block // 256))
+    return block, types.MappingProxyType(dict(BLOCK=block, num_warps=max(1, min(4, block // 256))))
 
 
 @functools.cache

@@ -64,10 +64,11 @@ def test_rope_kernel_compiles(target, dtype, head_size, rotary_dim, interleaved)
 @pytest.mark.parametrize("target", ["sm90", "sm80"])
 @pytest.mark.parametrize(("dtype", "d"), [("bfloat16", 4864), ("float16", 512), ("float32", 17)])
 def test_silu_and_mul_kernel_compiles(target, dtype, d):
-    block, warps = silu_mul._geometry(d)
+    _, meta = silu_mul._geometry(d)
+    meta = dict(meta)
+    warps = meta.pop("num_warps")
     t = TRITON_TYPES[dtype]
-    kernel = compile_kernel(silu_mul._kernel(), {"x_ptr": t, "out_ptr": t}, {"BLOCK": block},
-                            warps, target)
+    kernel = compile_kernel(silu_mul._kernel(), {"x_ptr": t, "out_ptr": t}, meta, warps, target)
     assert kernel.asm["cubin"], "no cubin"
 
 
@@ -81,13 +82,12 @@ def test_silu_and_mul_kernel_compiles(target, dtype, d):
     ("float32", "fp32", 40, False, False, True),
 ])
 def test_rms_norm_kernel_compiles(target, dtype, weight, n, residual, post, gemma):
-    block, warps = rms_norm._geometry(n)
+    meta = dict(rms_norm._meta(n, residual, post, gemma))
+    warps = meta.pop("num_warps")
     t = TRITON_TYPES[dtype]
     pointers = {"x_ptr": t, "res_ptr": t, "post_ptr": t, "w_ptr": weight, "out_ptr": t,
                 "res_out_ptr": t}
-    kernel = compile_kernel(rms_norm._kernel(), pointers,
-                            {"HAS_RESIDUAL": residual, "HAS_POST": post, "GEMMA": gemma,
-                             "BLOCK": block}, warps, target, floats=("eps",))
+    kernel = compile_kernel(rms_norm._kernel(), pointers, meta, warps, target, floats=("eps",))
     assert kernel.asm["cubin"], "no cubin"
 
 

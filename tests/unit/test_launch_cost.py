@@ -49,10 +49,12 @@ def test_the_table_reports_each_path_and_the_saving():
     def s(m):
         return {"median": m, "min": m - 1, "max": m + 1, "runs": [m]}
 
-    doc = {"results": {1: {"wrapper": s(40.0), "jit": s(30.0), "bound": s(12.0), "graph": s(2.0)},
+    doc = {"results": {1: {"wrapper": s(25.0), "wrapper-jit": s(40.0), "jit": s(30.0),
+                           "launch": s(14.0), "bound": s(12.0), "graph": s(2.0)},
                        4096: {"wrapper": s(45.0), "jit": s(35.0), "graph": s(20.0),
-                              "errors": {"bound": "RuntimeError: no runner"}}}}
+                              "errors": {"launch": "RuntimeError: no runner"}}}}
     text = launch_cost.table(doc)
-    assert "| 1 | 40.00 (39.00-41.00) | 30.00 (29.00-31.00) | 12.00 (11.00-13.00) | 2.00 " in text
-    assert "| -18.00 | +28.00 |" in text
+    assert ("| 1 | 25.00 (24.00-26.00) | 40.00 (39.00-41.00) | 30.00 (29.00-31.00) | "
+            "14.00 (13.00-15.00) | 12.00 (11.00-13.00) | 2.00 ") in text
+    assert "| -16.00 | +28.00 |" in text
     assert "RuntimeError: no runner" in text and "| - | +15.00 |" in text

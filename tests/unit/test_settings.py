@@ -56,7 +56,7 @@ def test_env_beats_user_yaml_beats_platform_yaml(field, tmp_path):
         "log_level": ("DEBUG", "WARNING", None),
         "attention_backend": ("triton", "my_chip_attn", None),
         "token_buckets": ("small=8;big", {"decode": 32, "prefill": None}, None),
-        "custom_ops": ("1", False, None),
+        "custom_ops": ("1", False, None), "bound_launch": ("0", True, None),
     }
     env_value, yaml_value, _ = samples[field.name]
     cfg = tmp_path / "user.yaml"
@@ -128,6 +128,7 @@ def test_per_op_orders_per_token_bucket_env_and_yaml_forms(tmp_path):
     ({"SGLANG_FL_TOKEN_BUCKETS": "small=8;big", "SGLANG_FL_PER_OP": "rms_norm@decode=vendor"},
      ["'rms_norm@decode'", "accepted buckets: small, big", "env SGLANG_FL_TOKEN_BUCKETS"]),
     ({"SGLANG_FL_CUSTOM_OPS": "sometimes"}, ["SGLANG_FL_CUSTOM_OPS", "'sometimes'"]),
+    ({"SGLANG_FL_BOUND_LAUNCH": "fast"}, ["SGLANG_FL_BOUND_LAUNCH", "'fast'"]),
 ])
 def test_bad_bucket_settings_name_the_value_and_the_accepted_ones(env, needles):
     with pytest.raises(SettingsError) as err:
