@@ -13,7 +13,8 @@
 #            with `git archive`) against torch's NCCL wheel; sets FLAGCX_PATH for later stages
 #   jit      pre-build SGLang's JIT CUDA kernels in parallel (benchmarks/jit_prebuild.py)
 #   tests    pytest -v tests/gpu (FlagCX cases run when FLAGCX_PATH is set; -v so that a run cut
-#            by TESTS_TIMEOUT still names each test and its outcome in gpu-tests.log)
+#            by TESTS_TIMEOUT still names each test and its outcome in gpu-tests.log);
+#            PYTEST_ARGS adds arguments (split on spaces), PYTEST_K one -k expression
 #   repro    tools/repro_flaggems_rope_race.py: FlagGems' in-place RoPE race, and the cost of
 #            sglang-fl's out-of-place workaround -> $OUT/rope-repro.txt, $OUT/rope-timing.json
 #   emptymode  uninstall what empty mode lacks (sglang-kernel, flashinfer, with 0.5.11
@@ -222,6 +223,8 @@ stage_jit() {
 stage_tests() {
   log "tests/gpu"
   args "${PYTEST_ARGS:-}"
+  # PYTEST_K: one -k expression with spaces ("a or b"), which PYTEST_ARGS would split.
+  [[ -n ${PYTEST_K:-} ]] && ARGS+=(-k "$PYTEST_K")
   timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest tests/gpu -m gpu -v -p no:cacheprovider \
     -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" "${ARGS[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
 }
