@@ -10,8 +10,9 @@ How: per kernel, the `CompiledKernel` Triton compiled is kept for each specialis
 exactly what Triton keys its own cache on:
 
 - every runtime argument's ``native_specialize_impl`` result, with the flags of that parameter
-  (``do_not_specialize`` and so on): a tensor's dtype and 16-byte alignment, an int's width and
-  whether it is 1 or a multiple of 16;
+  (``do_not_specialize`` and so on) and the device's backend, as ``JITFunction.run``'s binder
+  makes it: a tensor's dtype and 16-byte alignment, an int's width and whether it is 1 or a
+  multiple of 16;
 - the constexprs and launch options, which callers pass as one mapping per geometry, cached
   (`meta`): it is keyed by identity and kept alive by the entry, so an id is never reused;
 - the device.
@@ -105,7 +106,6 @@ class _Bound:
             import triton
             from triton import knobs
             from triton._C.libtriton import native_specialize_impl
-            from triton.backends.compiler import BaseBackend
             from triton.runtime.jit import JITFunction
         except ImportError as exc:
             raise _Unbindable(f"this Triton lacks {exc.name or exc}") from None
@@ -130,17 +130,18 @@ class _Bound:
                              not p.do_not_specialize_on_alignment) for p in runtime)
         self._kernel = kernel
         self._spec = native_specialize_impl
-        self._backend = BaseBackend
         self._runtime = knobs.runtime
         self._device = self._stream = None  # Triton's driver's, at the first launch
+        self._backends: dict = {}  # device -> the backend Triton specialises with there
         self._entries: dict = {}
 
-    def key(self, args, meta, device):
-        """What Triton's cache keys a launch of ``args`` on: see the module docstring."""
+    def key(self, args, meta, device, backend):
+        """What Triton's cache keys a launch of ``args`` on (module docstring), specialised as
+        ``backend`` (the device's, which may specialise tensors its own way) does."""
         if len(args) != len(self._flags):
             raise TypeError(f"{self._kernel.__name__} takes {len(self._flags)} runtime "
                             f"arguments, got {len(args)}")
-        spec, backend = self._spec, self._backend
+        spec = self._spec
         return (id(meta), device, *[spec(backend, a, c, s, al)
                                     for a, (c, s, al) in zip(args, self._flags, strict=True)])
 
@@ -155,7 +156,10 @@ class _Bound:
             self._device = driver.active.get_current_device
             self._stream = driver.active.get_current_stream
         device = self._device()
-        key = self.key(args, meta, device)
+        backend = self._backends.get(device)
+        if backend is None:  # what JITFunction.run specialises with on this device
+            backend = self._backends[device] = self._kernel.device_caches[device][3]
+        key = self.key(args, meta, device, backend)
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= _MAX_ENTRIES:  # callers making a new meta per call

@@ -70,12 +70,21 @@ def recorded(monkeypatch):
     assert bound is not None
     bound._device = lambda: 0
     bound._stream = lambda device: 1234
+    bound._backends[0] = _backend()
     launch_mod._BOUND[_kernel] = bound
     yield jit_calls, compiled
     launch_mod.reset()
 
 
 META = types.MappingProxyType(dict(FLAG=True, BLOCK=64, num_warps=4))
+
+
+def _backend():
+    """The backend the keys specialise with here (a GPU's comes from the kernel's device cache,
+    which needs a driver)."""
+    from triton.backends.compiler import BaseBackend
+
+    return BaseBackend
 
 
 def _args(x, y, n=17, stride=64, count=5, eps=1e-6):
@@ -137,7 +146,7 @@ def test_the_key_is_tritons_own_specialisation():
     ints = [1, 2, 16, 17, 32, 2**31, -16]
     cases = [(x, y, n, s, c, 1e-6) for x, y in itertools.product(tensors[:3], tensors[::3])
              for n, s, c in itertools.product(ints, (16, 17), (1, 17))]
-    ours = [bound.key(a, META, 0) for a in cases]
+    ours = [bound.key(a, META, 0, BaseBackend) for a in cases]
     triton_spec = [tuple(map(tuple, binder(*a, **META)[1])) for a in cases]
     for i, j in itertools.combinations(range(len(cases)), 2):
         assert (ours[i] == ours[j]) == (triton_spec[i] == triton_spec[j]), (cases[i], cases[j])
@@ -210,3 +219,26 @@ def test_the_setting_reaches_the_launcher(monkeypatch):
         reset_settings()
         reset_manager()
         launch_mod.set_enabled(True)
+
+
+def test_keys_use_the_backend_triton_specialises_with_on_the_device(recorded, monkeypatch):
+    """A backend may specialise tensors its own way (Triton's AMD backend does): the key takes
+    the one in the kernel's cache for the device, as JITFunction.run's binder does."""
+    from triton.backends.compiler import BaseBackend
+
+    class NoAlignment(BaseBackend):
+        supports_native_tensor_specialization = False
+
+        @staticmethod
+        def get_tensor_specialization(arg, **kwargs):
+            return ""
+
+    jit_calls, compiled = recorded
+    bound = launch_mod._BOUND[_kernel]
+    bound._backends.clear()
+    monkeypatch.setattr(_kernel, "device_caches", {0: (None, None, None, NoAlignment, None)})
+    base = torch.zeros(80)
+    launch_mod.launch(_kernel, (1,), _args(base[:64], base[:64]), META)
+    launch_mod.launch(_kernel, (1,), _args(base[1:65], base[:64]), META)  # misaligned: same key
+    assert bound._backends == {0: NoAlignment}
+    assert len(jit_calls) == 1 and len(compiled.launches) == 1
