@@ -37,7 +37,7 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, state_indic
     """The ``recurrent_gated_delta_rule`` op (sglang_fl/dispatch/ops.py): q, k ``[1, T, H, K]``,
     v ``[1, T, HV, V]``, a, b ``[T, HV]`` (any leading 1s), A_log and dt_bias ``[HV]``, state
     ``[slots, HV, V, K]`` updated in place at ``state_indices[n]`` for sequence n of
-    ``cu_seqlens``. Returns the output ``[1, T, HV, V]`` in q's dtype."""
+    ``cu_seqlens`` (None: one sequence). Returns the output ``[1, T, HV, V]`` in q's dtype."""
     import torch
 
     if q.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
@@ -49,6 +49,8 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, state_indic
         raise ValueError(f"state [slots, {hv}, {dv}, {dk}] expected; got {tuple(state.shape)}")
     if hv % heads:
         raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({heads})")
+    if cu_seqlens is None:  # one sequence of every token, as the reference reads it
+        cu_seqlens = torch.tensor([0, total], dtype=torch.int32, device=q.device)
     sequences = cu_seqlens.numel() - 1
     if state_indices.numel() != sequences:
         raise ValueError(f"{state_indices.numel()} state indices for {sequences} sequences")

@@ -15,12 +15,13 @@ exactly what Triton keys its own cache on:
   multiple of 16;
 - the constexprs and launch options, which callers pass as one mapping per geometry, cached
   (`meta`): it is keyed by identity and kept alive by the entry, so an id is never reused;
-- the device.
+- the device, and the two knobs ``JITFunction.run`` folds into its options (``TRITON_DEBUG``,
+  ``TRITON_INSTRUMENTATION_MODE``).
 
 A miss launches through ``JITFunction.run``, which compiles or finds the kernel and returns it;
 a hit calls its runner directly. Triton's interpreter (the CPU tests), launch hooks (a profiler
-such as proton), a Triton without the pieces this uses, a kernel whose constexprs do not all
-follow its runtime parameters, or ``bound_launch: false`` (``SGLANG_FL_BOUND_LAUNCH=0``, which
+such as proton), a callable grid, a Triton without the pieces this uses, a kernel with pre-run
+hooks or whose constexprs do not all follow its runtime parameters, or ``bound_launch: false`` (``SGLANG_FL_BOUND_LAUNCH=0``, which
 the dispatch manager hands to `set_enabled` when it is built) take ``kernel[grid](...)`` as
 before; the reason is logged once per kernel.
 """
@@ -122,6 +123,8 @@ class _Bound:
             raise _Unbindable("its constexprs do not all follow its runtime parameters")
         if any(getattr(p, "annotation_type", None) for p in runtime):
             raise _Unbindable("it has annotated parameters")
+        if getattr(kernel, "pre_run_hooks", None):
+            raise _Unbindable("it has pre-run hooks, which only JITFunction.run calls")
         self._constexprs = tuple(p.name for p in params[len(runtime):])
         missing = [n for n in self._constexprs if n not in meta]
         if missing:
@@ -131,6 +134,7 @@ class _Bound:
         self._kernel = kernel
         self._spec = native_specialize_impl
         self._runtime = knobs.runtime
+        self._compilation = knobs.compilation
         self._device = self._stream = None  # Triton's driver's, at the first launch
         self._backends: dict = {}  # device -> the backend Triton specialises with there
         self._entries: dict = {}
@@ -142,13 +146,16 @@ class _Bound:
             raise TypeError(f"{self._kernel.__name__} takes {len(self._flags)} runtime "
                             f"arguments, got {len(args)}")
         spec = self._spec
-        return (id(meta), device, *[spec(backend, a, c, s, al)
-                                    for a, (c, s, al) in zip(args, self._flags, strict=True)])
+        # The two knobs JITFunction.run folds into the options it keys on (TRITON_DEBUG,
+        # TRITON_INSTRUMENTATION_MODE): a change after the first launch is a miss.
+        return (id(meta), device, self._runtime.debug, self._compilation.instrumentation_mode,
+                *[spec(backend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags, strict=True)])
 
     def __call__(self, grid, args, meta) -> None:
         runtime = self._runtime
-        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            self._kernel[grid](*args, **meta)  # a profiler wants its launch metadata
+        if (_hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
+                or callable(grid)):  # a profiler wants its launch metadata; a grid of the args
+            self._kernel[grid](*args, **meta)
             return
         if self._device is None:
             from triton.runtime.driver import driver
@@ -165,6 +172,8 @@ class _Bound:
             if len(self._entries) >= _MAX_ENTRIES:  # callers making a new meta per call
                 self._entries.clear()
             compiled = self._kernel.run(*args, grid=grid, warmup=False, **meta)
+            if compiled is None:  # a jit_cache_hook took the launch over: keep nothing
+                return
             if hasattr(compiled, "result"):  # an asynchronous compile
                 compiled = compiled.result()
             consts = tuple(meta[n] for n in self._constexprs)

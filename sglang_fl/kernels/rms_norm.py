@@ -41,9 +41,9 @@ MAX_HIDDEN = 16384
 
 def supports(x, weight, residual=None, post_residual_addition=None) -> bool:
     """Whether the kernel takes these: fp16/bf16/fp32 rows of at most `MAX_HIDDEN` channels,
-    contiguous along the row, 2-D or viewable as 2-D, on a device, with a contiguous weight of
-    one value per channel, and a residual (and post-residual addition) of x's shape and dtype,
-    contiguous."""
+    contiguous along the row and not overlapping, 2-D or viewable as 2-D, on a device, with a
+    contiguous weight of one value per channel, and a residual (and post-residual addition) of
+    x's shape and dtype, contiguous; all on x's device."""
     n = x.shape[-1]
     if x.dtype not in _DTYPES or x.device.type == "cpu" or n > MAX_HIDDEN:
         return False
@@ -51,7 +51,12 @@ def supports(x, weight, residual=None, post_residual_addition=None) -> bool:
         return False
     if x.stride(-1) != 1 or (x.dim() != 2 and not x.is_contiguous()):
         return False
-    return all(t is None or (t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous())
+    if x.dim() == 2 and x.shape[0] > 1 and x.stride(0) < n:  # rows that overlap (expand)
+        return False
+    if weight.device != x.device:
+        return False
+    return all(t is None or (t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous()
+                             and t.device == x.device)
                for t in (residual, post_residual_addition))
 
 

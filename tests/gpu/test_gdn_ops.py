@@ -114,12 +114,22 @@ def test_chunk_gated_delta_rule(backend, reference, heads, lengths, with_state, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("batch", [1, 3, 32, 80])  # 80: past FlagGems' 64-token kernel switch
-def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference, batch, dtype):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
+@pytest.mark.parametrize("lengths", [[1], [1] * 3, [1] * 32, [1] * 80, [1, 3, 2]],
+                         ids=["1", "3", "32", "80", "1+3+2"])  # 80: past FlagGems' 64-token switch
+def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference, lengths,
+                                                               pool_dtype, dtype):
+    """Decode batches, and sequences of several tokens (the op allows them: each runs its
+    tokens through its state in order), on an fp32 or a bf16 state pool. The last two are
+    sglang-fl's own kernel's (flagos) cases: SGLang serves decode with one token per sequence
+    and keeps the pool in fp32 by default, so its kernel is held to that."""
+    if backend.name != "flagos" and (pool_dtype != torch.float32 or len(set(lengths)) > 1):
+        pytest.skip("SGLang's kernel is checked on what SGLang sends it")
     fn = implements(backend, "recurrent_gated_delta_rule").fn
-    heads = HEADS[0]
-    q, k, v, a, b, A_log, dt_bias, cu = gdn_inputs([1] * batch, heads, dtype, seed=3)  # noqa: N806
-    pool = 0.1 * torch.randn(batch + 2, heads[1], DV, DK, device="cuda", generator=gen(2))
+    heads, batch = HEADS[0], len(lengths)
+    q, k, v, a, b, A_log, dt_bias, cu = gdn_inputs(lengths, heads, dtype, seed=3)  # noqa: N806
+    pool = (0.1 * torch.randn(batch + 2, heads[1], DV, DK, device="cuda",
+                              generator=gen(2))).to(pool_dtype)
     slots = torch.arange(1, batch + 1, dtype=torch.int32, device="cuda").flip(0)
     if batch > 1:
         slots[1] = -1  # a request without a state slot: nothing read or written
@@ -128,7 +138,9 @@ def test_recurrent_gated_delta_rule_updates_the_pool_in_place(backend, reference
     out_ref = reference.recurrent_gated_delta_rule(None, *f32(q, k, v, a, b), A_log, dt_bias,
                                                    work_ref, slots, cu)
     close(out, out_ref, "recurrent_gated_delta_rule", dtype, "output")
-    close(work, work_ref, "recurrent_gated_delta_rule", dtype, "state pool")
+    # A bf16 pool: the two fp32 states may round to neighbouring bf16 values.
+    close(work, work_ref, "recurrent_gated_delta_rule",
+          torch.bfloat16 if pool_dtype == torch.bfloat16 else dtype, "state pool")
 
 
 @pytest.mark.parametrize("op", ["recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule"])

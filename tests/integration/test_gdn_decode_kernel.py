@@ -117,3 +117,18 @@ def test_bad_shapes_are_refused_naming_them():
     with pytest.raises(ValueError, match="3 state indices for 2 sequences"):
         gdn_decode.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, pool,
                                               torch.tensor([0, 1, 1]), cu)
+
+
+def test_no_cu_seqlens_is_one_sequence_as_the_reference_reads_it(interpreted):
+    q, k, v, a, b, A_log, dt_bias, cu = _gdn_inputs([3], h=1, hv=2, dk=8, dv=8, seed=7,  # noqa: N806
+                                                    dtype=torch.float32)
+    pool = _pool(2, 2, 8, 8, torch.float32)
+    slots = torch.tensor([1], dtype=torch.int32)
+    got_pool, want_pool = pool.clone(), pool.clone()
+    got = interpreted.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, got_pool, slots,
+                                                 None)
+    want = ReferenceBackend().recurrent_gated_delta_rule(None, q, k, v, a, b, A_log, dt_bias,
+                                                         want_pool, slots, cu)
+    tol = _tol(OP, torch.float32)
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got_pool, want_pool, **tol)

@@ -99,6 +99,9 @@ def test_takes_only_what_it_can():
     assert not supports(meta(4, 64), w, meta(4, 64), meta(4, 64, dtype=torch.float32))
     assert not supports(meta(4, 64), w, meta(4, 64), meta(1, 64))
     assert not supports(meta(4, 64), w, meta(4, 64), meta(64, 4).t())
+    assert not supports(meta(1, 64).expand(4, 64), w)  # overlapping rows: in place would race
+    assert not supports(meta(4, 64), torch.empty(64, dtype=torch.bfloat16))  # another device
+    assert not supports(meta(4, 64), w, torch.empty(4, 64, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -116,6 +116,31 @@ def test_a_change_triton_specialises_on_is_a_miss(recorded, change):
     assert len(jit_calls) == 2 and not compiled.launches
 
 
+def test_a_debug_knob_set_after_the_first_launch_is_a_miss(recorded, monkeypatch):
+    """JITFunction.run folds TRITON_DEBUG and the instrumentation mode into its key."""
+    from triton import knobs
+
+    jit_calls, compiled = recorded
+    x = torch.zeros(64)
+    launch_mod.launch(_kernel, (1,), _args(x, x), META)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    launch_mod.launch(_kernel, (1,), _args(x, x), META)
+    monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
+    launch_mod.launch(_kernel, (1,), _args(x, x), META)
+    assert len(jit_calls) == 3 and not compiled.launches
+
+
+def test_a_callable_grid_or_a_launch_triton_did_not_make_keeps_nothing(recorded, monkeypatch):
+    jit_calls, compiled = recorded
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch_mod.launch(_kernel, lambda meta: (2,), _args(x, x), META)
+    assert len(jit_calls) == 2 and not compiled.launches
+    monkeypatch.setattr(_kernel, "run", lambda *a, **k: jit_calls.append(a) or None)
+    launch_mod.launch(_kernel, (1,), _args(x, x), META)  # a jit_cache_hook took it over
+    assert not launch_mod._BOUND[_kernel]._entries
+
+
 def test_another_meta_mapping_is_a_miss(recorded):
     jit_calls, _ = recorded
     x = torch.zeros(64)
@@ -195,6 +220,11 @@ def test_off_and_unbindable_kernels_take_kernel_grid(monkeypatch, caplog):
     assert "not a compiled JIT kernel" in text and "constexprs do not all follow" in text
     assert "off (bound_launch: false)" in text
     assert launch_mod._bind(_kernel, {"FLAG": True}) is None  # BLOCK missing from the meta
+    monkeypatch.setattr(_kernel, "pre_run_hooks", [lambda *a, **k: None], raising=False)
+    with caplog.at_level("INFO", logger="sglang_fl.kernels.launch"):
+        assert launch_mod._bind(_kernel, META) is None
+    assert "pre-run hooks" in caplog.text
+    monkeypatch.undo()
     monkeypatch.setattr(triton, "__version__", "3.2.0")
     with caplog.at_level("INFO", logger="sglang_fl.kernels.launch"):
         assert launch_mod._bind(_kernel, META) is None
