@@ -54,8 +54,6 @@ def launch(kernel, grid, args, meta) -> None:
         bound = _BOUND[kernel]
     except KeyError:
         bound = _BOUND[kernel] = _bind(kernel, meta)
-    except TypeError:  # an unhashable stand-in (tests' doubles)
-        bound = None
     if bound is None:
         kernel[grid](*args, **meta)
     else:

@@ -100,19 +100,13 @@ def _norm(x, weight, eps, residual, post, gemma):
     return x, (residual if post is None else res_out.view(residual.shape))
 
 
-@functools.lru_cache(maxsize=64)
-def _geometry(n: int) -> tuple[int, int]:
-    """The row's block and warps: 8 elements per thread, 1 to 16 warps."""
-    block = next_power_of_2(n)
-    return block, max(1, min(16, block // 256))
-
-
 @functools.lru_cache(maxsize=256)
 def _meta(n: int, residual: bool, post: bool, gemma: bool):
-    """The launch's constexprs and options, one mapping per case (`launch` keys on it)."""
-    block, warps = _geometry(n)
+    """The launch's constexprs and options, one mapping per case (`launch` keys on it): the
+    whole row in one block, 8 elements per thread, 1 to 16 warps."""
+    block = next_power_of_2(n)
     return types.MappingProxyType(dict(HAS_RESIDUAL=residual, HAS_POST=post, GEMMA=gemma,
-                                       BLOCK=block, num_warps=warps))
+                                       BLOCK=block, num_warps=max(1, min(16, block // 256))))
 
 
 @functools.cache
