@@ -70,6 +70,12 @@ def _calls(tokens, offset):
 KERNELS = (rope._kernel, silu_mul._kernel, rms_norm._kernel)
 
 
+def _synced(call):
+    out = call()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.fixture
 def both_paths():
     """Runs a closure through ``kernel[grid]`` or through the bound launch. The unbound run
@@ -80,13 +86,12 @@ def both_paths():
     launch.set_enabled(True)
 
     def run(call, bound):
+        if bound:  # what this call binds stays bound for the calls after it
+            return _synced(call)
         saved = dict(launch._BOUND)
-        if not bound:
-            launch._BOUND.update({k(): None for k in KERNELS})
+        launch._BOUND.update({k(): None for k in KERNELS})
         try:
-            out = call()
-            torch.cuda.synchronize()
-            return out
+            return _synced(call)
         finally:
             launch._BOUND.clear()
             launch._BOUND.update(saved)
