@@ -245,6 +245,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
         serves=(),
         called_as=("torch.ops.sgl_kernel.fused_gdn_gating_cpu", "gdn_backend.fused_gdn_gating"),
         tolerance=ROUNDING,
+        size_arg="a",  # a [T, HV]; A_log is per head
     ),
     OpSpec(
         name="chunk_gated_delta_rule",
@@ -316,6 +317,7 @@ GDN_OPS: tuple[OpSpec, ...] = (
         called_as=("sgl_kernel.mamba.causal_conv1d_fn_cpu", "gdn_backend.causal_conv1d_fn"),
         optional=("seq_lens_cpu",),
         adapt_short=_without_seq_lens_cpu,
+        size_dim=1,  # x [dim, T]
         arg_types=(("seq_lens_cpu", "int[]?"),),
         # SGLang's Triton kernel rounds each tap's product to the input dtype before its fp32
         # sum (H200, bf16: 1 element in 1.1 M past ROUNDING, 0.026 at |out| ~0.5).

@@ -46,12 +46,23 @@ TORCH_OP_SCHEMAS = {
 
 @functools.cache
 def _slot(op_name: str, entry: str):
-    """The entry's `ImplSlot`, made on its first call (after start-up resolved the op)."""
+    """The entry's slot, made on its first call (after start-up resolved the op)."""
     from sglang_fl.config import get_settings
     from sglang_fl.dispatch import get_manager
-    from sglang_fl.sglang_glue.bridges import ImplSlot
 
-    return ImplSlot(get_manager().resolve(op_name), entry, get_settings().dispatch_log)
+    return make_slot(get_manager(), op_name, entry, get_settings().dispatch_log)
+
+
+def make_slot(manager, op_name: str, entry: str, log_path):
+    """The op's routes by token count, as a layer route has them (`bridges.make_slot`): one
+    impl where every token bucket resolves alike, else the bucket's own impl per call, picked
+    by the op's token dimension (`OpSpec.size_arg`). Until 2026-12-06 these entries took the
+    op-wide order only, so a per-bucket order (cuda.yaml's ``decode:`` / ``prefill:`` for the
+    delta rule) was not served: the platform's ``prefer`` kind came first instead."""
+    from sglang_fl.dispatch.ops import op_spec
+    from sglang_fl.sglang_glue import bridges
+
+    return bridges.make_slot(manager.resolve_by_size(op_name), entry, log_path, op_spec(op_name))
 
 
 def _call(op_name: str, entry: str, *args):
@@ -319,8 +330,11 @@ def _routed_fused_conv_update_check(original):
         eligible, why = original(*args, **kwargs)
         if not eligible:
             return eligible, why
-        impl = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update").resolved.impl
-        if impl.impl_id == "vendor.cuda":
+        slot = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update")
+        # Every token bucket's: the fused kernel would take the calls of all of them.
+        impls = {s.resolved.impl.impl_id: s.resolved.impl for s in getattr(slot, "slots", (slot,))}
+        impl = impls.get("vendor.cuda") if len(impls) == 1 else None
+        if impl is not None:
             if not logged:
                 from sglang_fl.config import get_settings
                 from sglang_fl.sglang_glue.dispatch_log import log_dispatch
@@ -330,7 +344,7 @@ def _routed_fused_conv_update_check(original):
                              f"{impl.label} (SGLang's fused QKVZ/BA unpack + conv1d update)",
                              get_settings().dispatch_log)
             return eligible, why
-        return False, f"sglang-fl routes causal_conv1d_update to {impl.impl_id}"
+        return False, f"sglang-fl routes causal_conv1d_update to {', '.join(sorted(impls))}"
 
     return can_use_fused_qkvzba_causal_conv1d_update_contiguous
 

@@ -62,3 +62,17 @@ def test_the_check_is_routed_in_sglangs_module_where_it_exists(sglang_with_plugi
         pytest.skip("no fused decode unpack + conv1d update here (SGLang 0.5.23 imports it on "
                     "CUDA/HIP/XPU hosts only)")
     assert getattr(check, "__sglang_fl_routed__", False)
+
+
+def test_buckets_routed_apart_get_the_unfused_path(monkeypatch):
+    """Per token bucket routes (`bridges.SizeRoutedSlot`): SGLang's fused kernel would take every
+    bucket's calls, so it stays only where every bucket is SGLang's own."""
+    impls = [OpImpl("causal_conv1d_update", "vendor.cuda", BackendImplKind.VENDOR,
+                    lambda obj, *a: None, vendor="cuda"),
+             OpImpl("causal_conv1d_update", "reference", BackendImplKind.REFERENCE,
+                    lambda obj, *a: None)]
+    slot = types.SimpleNamespace(slots=tuple(
+        types.SimpleNamespace(resolved=types.SimpleNamespace(impl=i)) for i in impls))
+    monkeypatch.setattr(gdn, "_slot", lambda op, entry: slot)
+    eligible, why = gdn._routed_fused_conv_update_check(_eligible)()
+    assert not eligible and "reference" in why and "vendor.cuda" in why

@@ -167,3 +167,80 @@ def test_three_buckets_route_each_count_to_its_bucket(sglang_with_plugin, tmp_pa
         "[OOT-DISPATCH] RMSNorm → reference(reference) [mid: 1<tokens<=8]",
         "[OOT-DISPATCH] RMSNorm → flagos(flagos) [large: tokens>8]",
     ]
+
+
+class _CountingGDN:
+    """A stand-in flagos impl of a GDN function op: the reference's result, with the token count
+    of each call it takes (``size``: the op's token dimension, read as the dispatch reads it)."""
+
+    def __init__(self, op, size):
+        from sglang_fl.dispatch.backends.reference import ReferenceBackend
+
+        self.reference, self.size, self.tokens = getattr(ReferenceBackend(), op), size, []
+
+    def __call__(self, obj, *args):
+        self.tokens.append(self.size(args))
+        return self.reference(obj, *args)
+
+
+def _gdn_cases():
+    """(op, SGLang's entry, token count -> the op's positional arguments, their token count)."""
+    from sglang_fl.dispatch.backends import reference_gdn as ref
+
+    hv, dim, width = 4, 6, 4
+
+    def gating(tokens):
+        g = torch.Generator().manual_seed(tokens)
+        return (torch.randn(hv, generator=g), torch.randn(tokens, hv, generator=g),
+                torch.randn(tokens, hv, generator=g), torch.randn(hv, generator=g))
+
+    def conv(tokens):
+        g = torch.Generator().manual_seed(tokens)
+        cu = torch.tensor([0, tokens], dtype=torch.int32)
+        return (torch.randn(dim, tokens, generator=g), torch.randn(dim, width, generator=g), None,
+                torch.randn(3, dim, width - 1, generator=g), cu, torch.tensor([1]),
+                torch.tensor([True]), "silu", [tokens])
+
+    assert ref.gdn_gating and ref.causal_conv1d  # the ops the stand-ins reach
+    return {"gdn_gating": ("gdn_backend.fused_gdn_gating", gating, lambda a: a[1].shape[0]),
+            "causal_conv1d": ("gdn_backend.causal_conv1d_fn", conv, lambda a: a[0].shape[1])}
+
+
+@pytest.mark.parametrize("op", ["gdn_gating", "causal_conv1d"])
+def test_gdn_entries_take_each_buckets_order_by_their_token_count(sglang_with_plugin, tmp_path, op):
+    """SGLang's GDN kernel entries (``sglang_glue/gdn.py``) route per token bucket as layers do:
+    cuda.yaml's ``decode:`` / ``prefill:`` orders of the delta rule are served, not the op-wide
+    order (until 2026-12-06 they were not: the platform's ``prefer`` kind came first)."""
+    from sglang_fl.config import build_settings
+    from sglang_fl.dispatch.backends.reference import ReferenceBackend
+    from sglang_fl.dispatch.manager import OpManager
+    from sglang_fl.dispatch.policy import SelectionPolicy
+    from sglang_fl.dispatch.registry import OpRegistry
+    from sglang_fl.dispatch.types import OpImpl
+    from sglang_fl.sglang_glue import gdn
+
+    entry, make_args, size = _gdn_cases()[op]
+    log = tmp_path / "d.log"
+    settings = build_settings(env={"SGLANG_FL_TOKEN_BUCKETS": "decode=4;prefill",
+                                   "SGLANG_FL_PER_OP": f"{op}@decode=flagos|reference;"
+                                                       f"{op}@prefill=reference|flagos"},
+                              detect_platform=lambda: "cpu")
+    registry = OpRegistry()
+    registry.register_many(ReferenceBackend().op_impls())
+    impl = _CountingGDN(op, size)
+    registry.register(OpImpl(op, "flagos", "flagos", impl))
+    slot = gdn.make_slot(OpManager(registry, SelectionPolicy.from_settings(settings)), op, entry,
+                         str(log))
+    reference = getattr(ReferenceBackend(), op)
+    for tokens in (1, 4, 5, 64, 3):
+        args = make_args(tokens)
+        got = slot.fn(None, *make_args(tokens))
+        want = reference(None, *args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,), strict=True):
+            torch.testing.assert_close(g, w)
+    assert impl.tokens == [1, 4, 3]  # only decode-sized calls reach the decode bucket's flagos
+    assert log.read_text().splitlines() == [
+        f"[OOT-DISPATCH] {entry} → flagos(flagos) [decode: tokens<=4]",
+        f"[OOT-DISPATCH] {entry} → reference(reference) [prefill: tokens>4]",
+    ]
