@@ -146,6 +146,29 @@ def container_state(name: str) -> tuple[str, str]:
     return (out[0] if out else "gone"), (out[1] if len(out) > 1 else "")
 
 
+def health_report(name: str) -> str:
+    """Why a container is not healthy: its restarts, its last health probes' exit codes and
+    output, and its log lines other than the per-call collective lines (which fill a tail)."""
+    state = _docker("inspect", name, "--format", "{{json .State}} {{.RestartCount}}",
+                    check=False).stdout.strip()
+    try:
+        raw, restarts = state.rsplit(" ", 1)
+        doc = json.loads(raw)
+    except ValueError:
+        return f"{name}: no state ({state!r})"
+    probes = (doc.get("Health") or {}).get("Log") or []
+    lines = [f"{name}: {doc.get('Status')}, health {(doc.get('Health') or {}).get('Status')}, "
+             f"{restarts} restart(s), exit code {doc.get('ExitCode')}"]
+    lines += [f"  probe {p.get('Start', '')[:19]}: exit {p.get('ExitCode')}: "
+              f"{(p.get('Output') or '').strip()[-300:]}" for p in probes[-3:]]
+    kept = [line for line in logs(name, 100000).splitlines() if " through CommunicatorFL" not in line]
+    lines += ["  " + line for line in kept[:40]]
+    if len(kept) > 80:
+        lines.append(f"  ... {len(kept) - 80} lines ...")
+    lines += ["  " + line for line in kept[max(40, len(kept) - 40):]]
+    return "\n".join(lines)
+
+
 def logs(name: str, lines: int = 60) -> str:
     r = _docker("logs", "--tail", str(lines), name, check=False)
     return (r.stdout + r.stderr).strip()
@@ -342,6 +365,8 @@ def compose_cpu(session) -> None:
             out = subprocess.run([*compose, "logs", "--tail", "40"], cwd=ROOT, capture_output=True,
                                  text=True, env={**os.environ, "MODEL_DIR": str(model_dir)})
             session.log(out.stdout[-6000:])
+            for name in (f"{project}-node0-1", f"{project}-node1-1"):
+                session.log(health_report(name))
         session.error(str(exc))
     finally:
         remove(single)
