@@ -43,6 +43,11 @@ class ImplSlot:
     def can_fall_back(self) -> bool:
         return not self.resolved.strict and len(self.resolved.candidates) > 1
 
+    @property
+    def bucket_impls(self) -> tuple[OpImpl, ...]:
+        """The impl each token bucket is resolved to (one: no buckets of its own)."""
+        return (self.resolved.impl,)
+
     def _first_call(self, *args, **kwargs):
         # Logged once the impl has returned: a first call it declined or failed is logged
         # under the impl that took it instead (call_after_failure).
@@ -132,6 +137,10 @@ class SizeRoutedSlot:
     @property
     def can_fall_back(self) -> bool:
         return any(s.can_fall_back for s in self.slots)
+
+    @property
+    def bucket_impls(self) -> tuple[OpImpl, ...]:
+        return tuple(s.resolved.impl for s in self.slots)
 
     def direct(self):
         return self.fn

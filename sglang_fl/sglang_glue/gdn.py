@@ -330,9 +330,9 @@ def _routed_fused_conv_update_check(original):
         eligible, why = original(*args, **kwargs)
         if not eligible:
             return eligible, why
-        slot = _slot("causal_conv1d_update", "gdn_backend.causal_conv1d_update")
-        # Every token bucket's: the fused kernel would take the calls of all of them.
-        impls = {s.resolved.impl.impl_id: s.resolved.impl for s in getattr(slot, "slots", (slot,))}
+        # Every token bucket's route counts: the fused kernel would take the calls of all.
+        impls = {i.impl_id: i for i in _slot("causal_conv1d_update",
+                                               "gdn_backend.causal_conv1d_update").bucket_impls}
         impl = impls.get("vendor.cuda") if len(impls) == 1 else None
         if impl is not None:
             if not logged:

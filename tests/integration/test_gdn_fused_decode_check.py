@@ -21,7 +21,7 @@ def _eligible(*args, **kwargs):
 
 def _route(monkeypatch, impl_id, kind, vendor=None):
     impl = OpImpl("causal_conv1d_update", impl_id, kind, lambda obj, *a: None, vendor=vendor)
-    slot = types.SimpleNamespace(resolved=types.SimpleNamespace(impl=impl))
+    slot = types.SimpleNamespace(bucket_impls=(impl,))
     monkeypatch.setattr(gdn, "_slot", lambda op, entry: slot)
 
 
@@ -71,8 +71,7 @@ def test_buckets_routed_apart_get_the_unfused_path(monkeypatch):
                     lambda obj, *a: None, vendor="cuda"),
              OpImpl("causal_conv1d_update", "reference", BackendImplKind.REFERENCE,
                     lambda obj, *a: None)]
-    slot = types.SimpleNamespace(slots=tuple(
-        types.SimpleNamespace(resolved=types.SimpleNamespace(impl=i)) for i in impls))
+    slot = types.SimpleNamespace(bucket_impls=tuple(impls))
     monkeypatch.setattr(gdn, "_slot", lambda op, entry: slot)
     eligible, why = gdn._routed_fused_conv_update_check(_eligible)()
     assert not eligible and "reference" in why and "vendor.cuda" in why

@@ -231,13 +231,14 @@ def test_gdn_entries_take_each_buckets_order_by_their_token_count(sglang_with_pl
                          str(log))
     reference = getattr(ReferenceBackend(), op)
     for tokens in (1, 4, 5, 64, 3):
-        args = make_args(tokens)
+        args = make_args(tokens)  # each side its own copy: the conv writes its states
         got = slot.fn(None, *make_args(tokens))
         want = reference(None, *args)
         for g, w in zip(got if isinstance(got, tuple) else (got,),
                         want if isinstance(want, tuple) else (want,), strict=True):
             torch.testing.assert_close(g, w)
     assert impl.tokens == [1, 4, 3]  # only decode-sized calls reach the decode bucket's flagos
+    assert [i.impl_id for i in slot.bucket_impls] == ["flagos", "reference"]
     assert log.read_text().splitlines() == [
         f"[OOT-DISPATCH] {entry} → flagos(flagos) [decode: tokens<=4]",
         f"[OOT-DISPATCH] {entry} → reference(reference) [prefill: tokens>4]",
