@@ -239,7 +239,16 @@ class CudaBackend(Backend):
 
         if hidden_states.shape[0] == 0:  # SGLang's kernel launches an empty grid (CUDA error)
             return hidden_states.new_empty(hidden_states.shape)
-        # filter_expert: ids of experts other expert-parallel ranks hold (-1) add nothing.
         return outplace_fused_experts(hidden_states, obj.w13_weight, obj.w2_weight, topk_weights,
-                                      topk_ids, filter_expert=True)
+                                      topk_ids, filter_expert=_filters_experts(obj))
 
+
+def _filters_experts(layer) -> bool:
+    """Whether the kernel must skip the -1 ids of experts other expert-parallel ranks hold: as
+    SGLang's own runner decides (``num_experts != num_local_experts``). Without expert
+    parallelism SGLang runs the unfiltered kernels (plain SiLU-and-mul, no per-block id check),
+    so filtering there would serve another path than SGLang's own; a layer that does
+    not say is filtered (always correct)."""
+    cfg = getattr(layer, "moe_runner_config", None)
+    experts = getattr(cfg, "num_experts", None)
+    return experts is None or experts != getattr(cfg, "num_local_experts", None)
