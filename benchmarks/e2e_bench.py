@@ -224,6 +224,30 @@ SERVER_ARGS = [
 ]
 
 
+def refuse_unstartable(configs, model, common_args):
+    """Stop before any server starts where the installed SGLang would refuse one: speculative
+    decoding on a recurrent-state (GDN/Mamba) model with the radix cache on, under SGLang 0.5.11
+    (its ServerArgs raise; the adapter's ``SPECULATIVE_HYBRID_NEEDS_NO_RADIX``). The fix is
+    named: the same configuration without the radix cache, paired with its plain twin without
+    it too, so the pair still differs in speculation only."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+    from sglang_fl.sglang_glue.server_defaults import model_is_hybrid
+
+    adapter = get_adapter()
+    if not adapter.SPECULATIVE_HYBRID_NEEDS_NO_RADIX:
+        return
+    bad = [name for name, (_, flags) in configs.items()
+           if "--speculative-algorithm" in [*common_args, *flags]
+           and "--disable-radix-cache" not in [*common_args, *flags]]
+    if bad and model_is_hybrid(model):
+        fixes = ", ".join(f"{n.replace(MTP_SUFFIX, '')}{NORADIX_SUFFIX}{MTP_SUFFIX}" for n in bad)
+        raise SystemExit(
+            f"--configs: {', '.join(bad)} cannot start: SGLang {adapter.version} refuses speculative "
+            f"decoding on a model with recurrent-state layers ({model}) while the radix cache is "
+            f"on (--mamba-scheduler-strategy no_buffer). Ask for {fixes} instead, each paired "
+            f"with its twin without {MTP_SUFFIX}, which also runs without the radix cache.")
+
+
 def flag_value(args, flag, default):
     """The integer after ``flag`` in ``args`` (SGLang's ``--flag value`` form), else ``default``."""
     args = list(args)
@@ -575,6 +599,7 @@ def main(argv=None):
         SERVER_ARGS[:] = shlex.split(args.server_args)
     else:
         SERVER_ARGS[4:4] = _version_args()  # after the attention/sampling backends
+    refuse_unstartable(configs, args.model, SERVER_ARGS)
     vocab = model_vocab(args.model)
     groups, needs, memory = plan_memory(args.model, configs, anchor, args.mem_fraction)
     for g, group in enumerate(groups):

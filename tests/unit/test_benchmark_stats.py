@@ -119,3 +119,47 @@ def test_mtp_configurations_pair_with_their_plain_twin():
     text = e2e_bench.table(doc)
     assert "| fl-defaults+mtp | 1.500 [1.500-1.500]" in text
     assert "1.60 (1.50-1.70) | 1/2 prompts |" in text
+
+
+@pytest.mark.parametrize("refuses", [True, False])
+def test_speculation_on_a_hybrid_model_with_the_radix_cache_is_refused_before_any_start(
+        tmp_path, monkeypatch, refuses):
+    """SGLang 0.5.11 refuses NEXTN on a GDN/Mamba model while the radix cache is on: the
+    benchmark stops before starting a server and names the pair that can run."""
+    import e2e_bench
+
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    monkeypatch.setattr(type(get_adapter()), "SPECULATIVE_HYBRID_NEEDS_NO_RADIX", refuses)
+    hybrid, dense = tmp_path / "hybrid", tmp_path / "dense"
+    for path, cfg in ((hybrid, {"linear_num_key_heads": 16}), (dense, {"hidden_size": 64})):
+        path.mkdir()
+        (path / "config.json").write_text(__import__("json").dumps(cfg))
+    asked = e2e_bench.resolve_configs(["fl-defaults", "fl-defaults+mtp", "flagos-L1off+mtp+pcg"])
+    if refuses:
+        with pytest.raises(SystemExit, match=r"fl-defaults\+mtp, flagos-L1off\+mtp\+pcg cannot start"
+                           r".*Ask for fl-defaults\+noradix\+mtp, flagos-L1off\+pcg\+noradix\+mtp"):
+            e2e_bench.refuse_unstartable(asked, str(hybrid), e2e_bench.SERVER_ARGS)
+    else:
+        e2e_bench.refuse_unstartable(asked, str(hybrid), e2e_bench.SERVER_ARGS)
+    # what it names starts: the radix cache off in the variant and in its twin
+    fixed = e2e_bench.resolve_configs(["fl-defaults+noradix", "fl-defaults+noradix+mtp"])
+    e2e_bench.refuse_unstartable(fixed, str(hybrid), e2e_bench.SERVER_ARGS)
+    assert fixed["fl-defaults+noradix+mtp"][1] == ["--disable-radix-cache", *e2e_bench.MTP_ARGS]
+    # common flags that turn it off (a --server-args run) do too; a dense model is never refused
+    e2e_bench.refuse_unstartable(asked, str(hybrid), ["--disable-radix-cache"])
+    e2e_bench.refuse_unstartable(asked, str(dense), e2e_bench.SERVER_ARGS)
+
+
+def test_the_installed_adapter_says_whether_hybrid_speculation_needs_the_radix_cache_off():
+    """0.5.11's ServerArgs raise on it; 0.5.23 resolves the mamba strategy itself."""
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    adapter = get_adapter()
+    assert adapter.SPECULATIVE_HYBRID_NEEDS_NO_RADIX is (adapter.version == "0.5.11")
+    if adapter.version == "0.5.11":
+        import inspect
+
+        from sglang.srt import server_args
+
+        assert "is not compatible with radix cache when using" in inspect.getsource(server_args)

@@ -336,6 +336,10 @@ class SGLangAdapter:
         (("SGLANG_FL_CUSTOM_OPS", "1"),), ("--enforce-piecewise-cuda-graph",))
     #: The option capping the batch sizes captured by the decode CUDA graph.
     DECODE_GRAPH_MAX_BS = "cuda_graph_max_bs"
+    #: Whether ServerArgs refuses speculative decoding on a recurrent-state (GDN/Mamba) model
+    #: while the radix cache is on: 0.5.11 raises "not compatible with radix cache when using
+    #: --mamba-scheduler-strategy no_buffer" (its default strategy) on CUDA.
+    SPECULATIVE_HYBRID_NEEDS_NO_RADIX = True
 
     def graph_backend_problems(self, server_args) -> list[str]:
         """Why the CUDA graph backends the resolved ``server_args`` chose cannot run here (none:

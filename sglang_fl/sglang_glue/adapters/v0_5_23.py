@@ -154,6 +154,8 @@ class SGLang0523(SGLangAdapter):
     # The breakable CUDA graph (SGLang's CUDA default) captures the kernels directly, with eager
     # breaks at attention: no torch.compile, so no custom ops. It needs cuda-python.
     PREFILL_GRAPH_ON = ((), ("--cuda-graph-backend-prefill", "breakable"))
+    # The mamba radix-cache strategy resolves itself (extra_buffer where speculation needs it).
+    SPECULATIVE_HYBRID_NEEDS_NO_RADIX = False
 
     def graph_backend_problems(self, server_args) -> list[str]:
         """The breakable CUDA graph queries stream capture through cuda-python (``cuda.bindings``,
