@@ -1,5 +1,6 @@
-"""The vendor.cuda ``fused_moe`` impl calls SGLang's Triton experts as SGLang's own runner does:
-filtering the -1 ids of other expert-parallel ranks' experts only where the layer has them."""
+"""The vendor.cuda backend calls SGLang's kernels as SGLang does, without per-call overhead:
+``fused_moe`` filters the -1 ids of other expert-parallel ranks' experts only where the layer
+has them, and each kernel is resolved once."""
 
 from types import SimpleNamespace
 
@@ -51,3 +52,21 @@ def test_real_fused_moe_layers_say_their_expert_counts():
     runner = pytest.importorskip("sglang.srt.layers.moe.moe_runner")
     fields = set(inspect.signature(runner.MoeRunnerConfig).parameters)
     assert {"num_experts", "num_local_experts"} <= fields
+
+
+def test_sglangs_kernels_are_resolved_once_per_backend_not_per_call(monkeypatch):
+    """Resolving a kernel's dotted path costs microseconds: an eager prefill would pay it per
+    layer and op. The backend resolves each kernel on first use and keeps it."""
+    resolved = []
+
+    def resolve(name):
+        resolved.append(name)
+        return lambda hidden, *args, **kwargs: hidden
+
+    monkeypatch.setattr(cuda_backend, "_sglang_kernel", resolve)
+    backend = cuda_backend.CudaBackend()
+    layer = _layer(8, 8)
+    hidden = torch.ones(2, 4)
+    for _ in range(3):
+        backend.fused_moe(layer, hidden, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.int32))
+    assert resolved == ["outplace_fused_experts"]
