@@ -80,7 +80,7 @@ class CudaBackend(Backend):
     # -- Gated DeltaNet: SGLang's Triton kernels ----------------------------------------------
     def gdn_gating(self, obj, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):  # noqa: N803
         return self._kernel("fused_gdn_gating")(A_log, a, b, dt_bias, softplus_beta,
-                                                  softplus_threshold)
+                                                softplus_threshold)
 
     @accepts(q=("bfloat16", "float16"),
              why="SGLang's FLA chunk kernel asserts 'does not support float32'")
@@ -134,7 +134,7 @@ class CudaBackend(Backend):
     def causal_conv1d_update(self, obj, x, conv_state, weight, bias=None, activation=None,
                              conv_state_indices=None):
         return self._kernel("causal_conv1d_update")(x, conv_state, weight, bias, activation,
-                                                      conv_state_indices=conv_state_indices)
+                                                    conv_state_indices=conv_state_indices)
 
     def rms_norm_gated(self, obj, x, z, eps, group_size=None, norm_before_gate=True):
         return self._kernel("rms_norm_gated")(
@@ -256,8 +256,8 @@ def _filters_experts(layer) -> bool:
     """Whether the kernel must skip the -1 ids of experts other expert-parallel ranks hold: as
     SGLang's own runner decides (``num_experts != num_local_experts``). Without expert
     parallelism SGLang runs the unfiltered kernels (plain SiLU-and-mul, no per-block id check),
-    so filtering there would serve another path than SGLang's own; a layer that does
-    not say is filtered (always correct)."""
+    so filtering there would serve another path than SGLang's own; a layer that does not say
+    is filtered (always correct)."""
     cfg = getattr(layer, "moe_runner_config", None)
     experts = getattr(cfg, "num_experts", None)
     return experts is None or experts != getattr(cfg, "num_local_experts", None)
