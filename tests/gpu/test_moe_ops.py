@@ -152,6 +152,27 @@ def test_fused_moe(backend, reference, shape, tokens, dtype, foreign):
     torch.testing.assert_close(got.float(), want, **op_spec("fused_moe").tolerance.for_dtype(dtype))
 
 
+@pytest.mark.parametrize("tokens", (1, 7, 1024))
+def test_fused_moe_without_expert_parallelism_is_exact_on_the_unfiltered_kernels(
+        backend, reference, tokens):
+    """A FusedMoE layer that holds every expert says so (its ``moe_runner_config``); vendor.cuda
+    then runs SGLang's unfiltered kernels, as SGLang's own runner does there."""
+    from types import SimpleNamespace
+
+    skip_unless_implemented(backend, "fused_moe")
+    sglang_ready()
+    dtype = torch.bfloat16
+    experts, top_k, hidden, inter = MOE_SHAPES[3]
+    w13, w2 = _experts(experts, hidden, inter, dtype, seed=experts)
+    layer = ExpertWeights(w13, w2)
+    layer.moe_runner_config = SimpleNamespace(num_experts=experts, num_local_experts=experts)
+    x = torch.randn(tokens, hidden, device="cuda", generator=_gen(tokens)).to(dtype)
+    weights, ids = reference.topk(None, x, _logits(tokens, experts, torch.float32, seed=3), top_k)
+    got = backend.fused_moe(layer, x, weights, ids)
+    want = reference.fused_moe(ExpertWeights(w13.float(), w2.float()), x.float(), weights, ids)
+    torch.testing.assert_close(got.float(), want, **op_spec("fused_moe").tolerance.for_dtype(dtype))
+
+
 def test_strict_selection_resolves_the_moe_ops_to_flagos(monkeypatch):
     """Through the manager: pinned + strict resolves both MoE ops to FlagGems, no fallback."""
     from sglang_fl.config import reset_settings
