@@ -259,12 +259,34 @@ class OpManager:
         return f"accepts {'|'.join(kinds)}{strict}; {why}; registered: {', '.join(registered)}"
 
     def call(self, op_name: str, obj, *args, **kwargs):
-        resolved = self.resolve(op_name)
+        """Run the op on the impl its token bucket resolves to, as a layer route does: the
+        bucket of the token count of its size argument (`OpSpec.size_arg`), so per-bucket
+        orders (cuda.yaml's ``decode:`` / ``prefill:``, which tune writes) apply here too."""
+        resolved = self.resolve(op_name, self.bucket_of(op_name, (obj, *args), kwargs))
         impl = resolved.impl
         try:
             return impl.fn(obj, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - fallback is the point
             return resolved.retry(impl, exc, (obj, *args), kwargs)[1]
+
+    def bucket_of(self, op_name: str, args: tuple, kwargs: dict) -> str | None:
+        """The token bucket a call of ``op_name`` with ``args`` (``obj`` first) falls in; None
+        when the size argument is not given or has no such dimension."""
+        from sglang_fl.dispatch.ops import OPS_BY_NAME
+
+        spec = OPS_BY_NAME.get(op_name)  # an unknown op is refused by resolve(), by name
+        if spec is None or len(self.policy.token_buckets) < 2:
+            return None
+        index = spec.size_position
+        x = args[index] if len(args) > index else kwargs.get(spec.parameters[index].name)
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) <= spec.size_dim:
+            return None
+        tokens = shape[spec.size_dim]
+        for name, hi in self.policy.token_buckets:
+            if hi is None or tokens <= hi:
+                return name
+        return None
 
     def reset_resolution(self) -> None:
         with self._lock:

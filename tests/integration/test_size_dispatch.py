@@ -56,6 +56,22 @@ def test_each_bucket_takes_its_own_order_and_logs_it_once(sglang_with_plugin, tm
     assert manager.resolve("rms_norm", "prefill").impl.impl_id == "reference"
 
 
+def test_the_public_call_takes_the_order_of_its_token_bucket(sglang_with_plugin):
+    """``call_op`` / ``OpManager.call`` has no layer but the same size argument: each call runs
+    on its bucket's impl, as a layer route would (it took the op-wide order until 2026-12-06)."""
+    impl = Counting()
+    _, manager = router_with(BUCKETED, impl)
+    layer, _ = make_layer()
+    for tokens in (1, 4, 5, 300, 2):
+        x = torch.randn(tokens, 64)
+        torch.testing.assert_close(manager.call("rms_norm", layer, x), layer.forward_native(x))
+    assert impl.tokens == [1, 4, 2]
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(manager.call("rms_norm", layer, x=x), layer.forward_native(x))
+    assert impl.tokens == [1, 4, 2, 3]  # the size argument given by name
+    assert manager.bucket_of("rms_norm", (layer,), {}) is None  # no size argument: op-wide
+
+
 def test_resolution_runs_once_per_bucket_for_many_layers(sglang_with_plugin, monkeypatch):
     router, manager = router_with(BUCKETED, Counting())
     calls = []
