@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -149,10 +150,15 @@ _OP_OF = {"fused_add_rms_norm": "rms_norm"}  # benchmark case -> op table name
 
 
 class _ExpertWeights:
-    """What the ``fused_moe`` op reads of its layer (a real FusedMoE needs SGLang's groups)."""
+    """What the ``fused_moe`` op reads of its layer (a real FusedMoE needs SGLang's groups): the
+    weights, and that this device holds every expert, so vendor.cuda runs SGLang's unfiltered
+    kernels as a single-device server does."""
 
     def __init__(self, w13, w2):
         self.w13_weight, self.w2_weight = w13, w2
+        experts = w13.shape[0]
+        self.moe_runner_config = types.SimpleNamespace(num_experts=experts,
+                                                       num_local_experts=experts)
 
 
 def time_eager(fn, iters):

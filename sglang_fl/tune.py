@@ -231,7 +231,10 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         if not s.experts:
             return None
         e, h, i = s.experts, s.hidden, s.moe_intermediate
-        layer = _layer(w13_weight=randn(e, 2 * i, h, scale=h ** -0.5), w2_weight=randn(e, h, i, scale=i ** -0.5))
+        # One device holds every expert (no expert parallelism), as the layer says it: vendor.cuda
+        # then times SGLang's unfiltered kernels, the ones a single-device server runs.
+        layer = _layer(w13_weight=randn(e, 2 * i, h, scale=h ** -0.5), w2_weight=randn(e, h, i, scale=i ** -0.5),
+                       moe_runner_config=types.SimpleNamespace(num_experts=e, num_local_experts=e))
         logits = torch.randn(tokens, e, generator=g)
         weights, ids = torch.topk(logits.softmax(-1), s.top_k, dim=-1)
         weights = (weights / weights.sum(-1, keepdim=True)).float().to(device)

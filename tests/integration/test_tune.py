@@ -538,3 +538,18 @@ def test_gdn_prefill_cases_hold_several_sequences_as_a_prefill_batch_does(tiny_h
     chunk = build_case("chunk_gated_delta_rule", shapes, 64, torch.float32, "cpu")
     _, (q, *_, state, cu) = chunk.variants[0]
     assert cu.tolist() == [0, 64] and state.shape[0] == 1 and q.shape[1] == 64
+
+
+def test_the_moe_case_is_a_single_device_layer_so_vendor_times_the_unfiltered_kernels():
+    """A single-device server's FusedMoE holds every expert; the timed layer says so, so that
+    vendor.cuda's fused_moe is timed on the kernels it serves there (not the expert-parallel,
+    filtered ones)."""
+    import dataclasses
+
+    from sglang_fl.dispatch.backends.vendor.cuda.backend import _filters_experts
+    from sglang_fl.tune import build_case
+
+    shapes = dataclasses.replace(SHAPES, experts=8, top_k=2, moe_intermediate=32)
+    (layer, _), = build_case("fused_moe", shapes, 3, torch.float32, "cpu").variants
+    assert layer.moe_runner_config.num_experts == layer.moe_runner_config.num_local_experts == 8
+    assert not _filters_experts(layer)
