@@ -237,8 +237,8 @@ def refuse_unstartable(configs, model, common_args):
     if not adapter.SPECULATIVE_HYBRID_NEEDS_NO_RADIX:
         return
     bad = [name for name, (_, flags) in configs.items()
-           if "--speculative-algorithm" in [*common_args, *flags]
-           and "--disable-radix-cache" not in [*common_args, *flags]]
+           if "--speculative-algorithm" in (args := {*common_args, *flags})
+           and "--disable-radix-cache" not in args]
     if bad and model_is_hybrid(model):
         fixes = ", ".join(f"{n.replace(MTP_SUFFIX, '')}{NORADIX_SUFFIX}{MTP_SUFFIX}" for n in bad)
         raise SystemExit(

@@ -277,12 +277,9 @@ class OpManager:
         spec = OPS_BY_NAME.get(op_name)  # an unknown op is refused by resolve(), by name
         if spec is None or len(self.policy.token_buckets) < 2:
             return None
-        index = spec.size_position
-        x = args[index] if len(args) > index else kwargs.get(spec.parameters[index].name)
-        shape = getattr(x, "shape", None)
-        if shape is None or len(shape) <= spec.size_dim:
+        tokens = spec.token_count(args, kwargs)
+        if tokens is None:
             return None
-        tokens = shape[spec.size_dim]
         for name, hi in self.policy.token_buckets:
             if hi is None or tokens <= hi:
                 return name

@@ -121,6 +121,15 @@ class OpSpec:
         names = [p.name for p in self.parameters]
         return names.index(self.size_arg) if self.size_arg else 1
 
+    def token_count(self, args: tuple, kwargs: dict) -> int | None:
+        """The token count of a call with ``args`` (``obj`` first) and ``kwargs``: dimension
+        ``size_dim`` of the size argument; None where that argument is absent or has no such
+        dimension. What picks a call's token bucket, for layer routes and ``call_op`` alike."""
+        index = self.size_position
+        x = args[index] if len(args) > index else kwargs.get(self.parameters[index].name)
+        shape = getattr(x, "shape", None)
+        return None if shape is None or len(shape) <= self.size_dim else shape[self.size_dim]
+
     def custom_op_types(self) -> tuple[tuple[str, str], ...]:
         """``(parameter, schema type)`` for every parameter after ``obj``."""
         explicit = dict(self.arg_types)

@@ -98,15 +98,14 @@ class SizeRoutedSlot:
     comparison per bucket boundary (one with two buckets), then the bucket's own ``fn``.
     Each bucket logs its route (``[decode: tokens<=64]``) the first time a call takes it."""
 
-    __slots__ = ("slots", "bounds", "fn", "class_name", "log_path", "_index", "_name", "_dim")
+    __slots__ = ("slots", "bounds", "fn", "class_name", "log_path", "_spec")
 
     def __init__(self, routes, class_name: str, log_path: str | None, spec: OpSpec) -> None:
         self.class_name, self.log_path = class_name, log_path
         self.bounds = tuple(hi for hi, _, _ in routes[:-1])
         self.slots = tuple(ImplSlot(r, class_name, log_path, f" [{name}: {_range(routes, i)}]")
                            for i, (_, name, r) in enumerate(routes))
-        self._index, self._dim = spec.size_position, spec.size_dim
-        self._name = spec.parameters[self._index].name
+        self._spec = spec
         self.fn = self._router(spec)
 
     def _router(self, spec: OpSpec):
@@ -115,18 +114,17 @@ class SizeRoutedSlot:
         names = [p.name for p in spec.parameters]
         chain = "".join(f"_s{i} if _t <= {b} else " for i, b in enumerate(self.bounds))
         src = (f"def by_tokens{spec.signature}:\n"
-               f"    _t = {names[self._index]}.shape[{self._dim}]\n"
+               f"    _t = {names[spec.size_position]}.shape[{spec.size_dim}]\n"
                f"    return ({chain}_s{len(self.bounds)}).fn({', '.join(names)})\n")
         scope = {f"_s{i}": slot for i, slot in enumerate(self.slots)}
         exec(compile(src, f"<sglang_fl token buckets {spec.name}>", "exec"), scope)  # noqa: S102
         return scope["by_tokens"]
 
     def pick(self, args: tuple, kwargs: dict) -> ImplSlot:
-        """The slot of the bucket holding this call's token count."""
-        x = args[self._index] if len(args) > self._index else kwargs[self._name]
-        tokens = x.shape[self._dim]
+        """The slot of the bucket holding this call's token count (`OpSpec.token_count`)."""
+        tokens = self._spec.token_count(args, kwargs)
         for bound, slot in zip(self.bounds, self.slots, strict=False):
-            if tokens <= bound:
+            if tokens is not None and tokens <= bound:
                 return slot
         return self.slots[-1]
 
