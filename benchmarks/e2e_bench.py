@@ -82,7 +82,11 @@ from sglang_fl.dispatch.ops import GDN_OPS, OP_NAMES, ROUTED_CLASSES  # noqa: E4
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 from sglang_fl.models.hf_reference import (  # noqa: E402
     ACCEPTED,
+    DEFECT,
+    EQUAL,
+    NEAR_TIE,
     NEAR_TIE_SIGMAS,
+    UNDECIDED,
     cached_hf_reference,
     judge,
     served_dtype,
@@ -536,6 +540,56 @@ def speculation_exact(greedy):
     return twin_exact(greedy, MTP_SUFFIX)
 
 
+#: A twin parting's verdict when both ids left HF's: the worse one.
+_SEVERITY = {EQUAL: 0, NEAR_TIE: 1, UNDECIDED: 2, DEFECT: 3}
+
+
+def twin_partings(greedy, verdicts):
+    """{NAME+suffix: per prompt, where its greedy ids part from its plain twin NAME's and why}
+    (for every suffix of `SUFFIXES` whose twin ran; None where either has no HF verdicts).
+
+    A speculative or graph-captured server computes the same tokens with other kernels (NEXTN
+    verifies 4 tokens per forward), so at a near-tie the two may pick differently. Where the
+    twins part at step s with HF's ids kept up to s, the one that leaves HF's ids at s is judged
+    by HF's reference there: its verdict (near-tie or DEFECT) is the parting's, the worse one
+    where both leave. Where both had left HF's ids before s, HF's reference does not hold their
+    context: ``undecided``."""
+    out = {}
+    for name, ids in greedy.items():
+        twin = next((name.removesuffix(x) for x in SUFFIXES if name.endswith(x)), None)
+        if twin is None or twin not in greedy:
+            continue
+        mine, theirs = verdicts.get(name), verdicts.get(twin)
+        plain = greedy[twin]
+        if not all(isinstance(v, list) for v in (ids, plain, mine, theirs)):
+            out[name] = None
+            continue
+        rows = []
+        for i, (a, b) in enumerate(zip(ids, plain, strict=True)):
+            step = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            if step is None:
+                rows.append({"prompt": i, "step": None, "verdict": EQUAL, "by": []})
+                continue
+            left = {n: v[i] for n, v in ((name, mine), (twin, theirs))
+                    if not v[i]["equal"] and v[i]["step"] <= step}
+            if not left or any(v["step"] < step for v in left.values()):
+                rows.append({"prompt": i, "step": step, "verdict": UNDECIDED, "by": sorted(left)})
+                continue
+            verdict = max((v["verdict"] for v in left.values()), key=_SEVERITY.__getitem__)
+            rows.append({"prompt": i, "step": step, "verdict": verdict, "by": sorted(left)})
+        out[name] = rows
+    return out
+
+
+def _twin_summary(rows, same):
+    """``equal/prompts prompts`` and the partings by verdict (`twin_partings`)."""
+    if rows is None:
+        return "-" if same is None else f"{sum(same)}/{len(same)} prompts"
+    parted = [r["verdict"] for r in rows if r["verdict"] != EQUAL]
+    kinds = ", ".join(f"{parted.count(v)} {v}" for v in dict.fromkeys(parted))
+    return f"{len(rows) - len(parted)}/{len(rows)} prompts" + (f" ({kinds})" if kinds else "")
+
+
 def report_failure(name, stage, exc, log, keep_dir):
     """Say at once why ``name`` failed (``stage``: start, warm-up, repeat N), with its server
     log's last lines, and keep the whole log as ``keep_dir/server-<name>-failed.log``.
@@ -702,6 +756,7 @@ def main(argv=None):
         doc["greedy"]["verdicts"] = verdicts
         doc["greedy"]["match"] = {n: None if isinstance(v, dict) else
                                   sum(r["equal"] for r in v) / len(v) for n, v in verdicts.items()}
+        doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
     except Exception as exc:  # noqa: BLE001
         doc["greedy"]["hf_error"] = f"{type(exc).__name__}: {exc}"
         print(f"# greedy check against HF failed: {doc['greedy']['hf_error']}", flush=True)
@@ -758,26 +813,26 @@ def table(doc):
         lines.append(f"| {name} | failed: {err.splitlines()[-1][:120] if err else ''} |||||")
     if doc.get("paired_speculation"):
         exact = doc.get("greedy", {}).get("speculative_equals_plain", {})
+        partings = doc.get("greedy", {}).get("twin_partings", {})
         lines += ["", "| speculative | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
                   "accept length bs1, median (min-max) | greedy ids = plain twin |", "|---|---|---|---|"]
         for name, paired in doc["paired_speculation"].items():
             acc = doc["results"][name].get("spec_accept_length")
-            same = exact.get(name)
             lines.append(f"| {name} | {_ratios(paired)} | "
                          + (f"{acc['median']:.2f} ({acc['min']:.2f}-{acc['max']:.2f})" if acc else "-")
-                         + " | " + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
+                         + " | " + _twin_summary(partings.get(name), exact.get(name)) + " |")
     served = doc.get("greedy", {}).get("servers", {})
     for key, title, suffix in (("paired_prefill_graph", "prefill CUDA graph", PCG_SUFFIX),
                                ("paired_no_radix_cache", "radix cache off", NORADIX_SUFFIX)):
         if not doc.get(key):
             continue
         exact = twin_exact(served, suffix)
+        partings = doc.get("greedy", {}).get("twin_partings", {})
         lines += ["", f"| {title} | vs plain twin: bs1 / bs32 / prefill, median [95% CI] | "
                   "greedy ids = plain twin |", "|---|---|---|"]
         for name, paired in doc[key].items():
-            same = exact.get(name)
             lines.append(f"| {name} | {_ratios(paired)} | "
-                         + ("-" if same is None else f"{sum(same)}/{len(same)} prompts") + " |")
+                         + _twin_summary(partings.get(name), exact.get(name)) + " |")
     return "\n".join(lines + ["", greedy_table(doc)])
 
 

@@ -121,6 +121,36 @@ def test_mtp_configurations_pair_with_their_plain_twin():
     assert "1.60 (1.50-1.70) | 1/2 prompts |" in text
 
 
+def test_a_twin_parting_takes_the_hf_verdict_of_the_one_that_left_hfs_ids_there():
+    """NEXTN verifies with other kernels than plain decode, so at a near-tie the twins may part:
+    the parting is judged by HF's reference at that step (the H100 run of 2026-12-06 parted so
+    on native-L1off too); a parting after both left HF's ids is undecided."""
+    import e2e_bench
+
+    def row(i, step=None, verdict="equal"):
+        return {"prompt": i, "equal": step is None, "step": step, "verdict": verdict}
+
+    greedy = {"a+noradix": [[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]],
+              "a+noradix+mtp": [[1, 2, 3], [1, 2, 4], [1, 5, 3], [1, 9, 8], [1, 9, 3]],
+              "b": [[1, 2]], "b+pcg": "ServerStartError: exited"}
+    verdicts = {"a+noradix": [row(0), row(1), row(2, 1, "near-tie"), row(3), row(4, 1, "near-tie")],
+                "a+noradix+mtp": [row(0), row(1, 2, "near-tie"), row(2), row(3, 1, "DEFECT"),
+                                  row(4, 1, "near-tie")],
+                "b": [row(0)], "b+pcg": {"error": "no ids"}}
+    greedy["a+noradix"][4] = [1, 9, 7]  # both left HF's ids at step 1, then parted at step 2
+    parts = e2e_bench.twin_partings(greedy, verdicts)
+    assert parts["b+pcg"] is None and "b" not in parts
+    # a+noradix is itself the twin of a, which did not run: only the mtp pair is judged
+    assert "a+noradix" not in parts
+    got = [(r["step"], r["verdict"], r["by"]) for r in parts["a+noradix+mtp"]]
+    assert got == [(None, "equal", []), (2, "near-tie", ["a+noradix+mtp"]),
+                   (1, "near-tie", ["a+noradix"]), (1, "DEFECT", ["a+noradix+mtp"]),
+                   (2, "undecided", ["a+noradix", "a+noradix+mtp"])]
+    assert e2e_bench._twin_summary(parts["a+noradix+mtp"], None) == (
+        "1/5 prompts (2 near-tie, 1 DEFECT, 1 undecided)")
+    assert e2e_bench._twin_summary(None, [True, False]) == "1/2 prompts"
+
+
 @pytest.mark.parametrize("refuses", [True, False])
 def test_speculation_on_a_hybrid_model_with_the_radix_cache_is_refused_before_any_start(
         tmp_path, monkeypatch, refuses):
