@@ -32,7 +32,8 @@ beside ``runs``) and, per server, the exact flags and memory fraction it ran wit
 A configuration named ``NAME+mtp`` is ``NAME`` served with MTP speculative decoding
 (``MTP_ARGS``, SGLang's NEXTN: the checkpoint's own MTP layer drafts); the run then also gives
 its paired ratio to ``NAME`` (kept in the same group), the accept length SGLang reports (decode
-at batch 1), and whether its greedy ids equal ``NAME``'s token for token. GPU runs here swing
+at batch 1), and whether its greedy ids equal ``NAME``'s token for token; where they part,
+``greedy.twin_partings`` judges the parting by HF's reference (`twin_partings`). GPU runs here swing
 10-25 % between runs: use 60+ repeats before reading a verdict. The run keeps the
 ``[OOT-DISPATCH]`` lines each server wrote.
 
@@ -43,6 +44,9 @@ ids equal ``NAME``'s go to ``paired_prefill_graph`` and ``greedy.prefill_graph_e
 ``NAME+noradix`` is ``NAME`` with ``--disable-radix-cache`` (``paired_no_radix_cache``): what
 the radix cache costs per step on the host. Suffixes combine (``flagos-L1off+pcg+mtp`` pairs
 with ``flagos-L1off+pcg``).
+
+``--variant NAME=BASE:op=kind;...`` adds BASE with some ops re-pinned (`per_op_variant`): to
+find which op moves a speed or a greedy parting, one op group at a time.
 
 Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged against HF
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
@@ -78,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_plan  # noqa: E402
 from paired_stats import summarize_pairs  # noqa: E402
 
+from sglang_fl.config import BACKEND_KINDS  # noqa: E402
 from sglang_fl.dispatch.ops import GDN_OPS, OP_NAMES, ROUTED_CLASSES  # noqa: E402
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 from sglang_fl.models.hf_reference import (  # noqa: E402
@@ -175,12 +180,15 @@ def variant(suffix):
     return dict(env), list(flags)
 
 
-def resolve_configs(names, extra=()):
+def resolve_configs(names, extra=(), variants=()):
     """{name: (env, extra server args)} for the chosen names: CONFIGS' entries, their variants
-    (``NAME+mtp``, ``NAME+pcg``, ``NAME+noradix``, in any combination) and ``--extra-config``
-    ones; an unknown
-    name is refused naming the known."""
+    (``NAME+mtp``, ``NAME+pcg``, ``NAME+noradix``, in any combination), ``--extra-config``
+    ones and ``--variant`` ones (`per_op_variant`); an unknown name is refused naming the
+    known."""
     extras = dict(parse_config(text) for text in extra)
+    for text in variants:
+        name, env = per_op_variant(text, {**CONFIGS, **extras})
+        extras[name] = env
     known = {**CONFIGS, **extras}
     out = {}
     for name in [*(names or known), *extras]:  # an extra configuration is always run
@@ -276,6 +284,34 @@ def parse_config(text):
     """``name=ENV=VAL,ENV=VAL`` (an extra configuration from the command line)."""
     name, _, rest = text.partition("=")
     env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return name, env
+
+
+def per_op_variant(text, known):
+    """``NAME=BASE:op=kind|kind;op@bucket=kind`` -> (NAME, env): configuration BASE with those
+    ops' orders replaced (or added) in its ``SGLANG_FL_PER_OP``, the rest of its environment
+    kept. For bisecting which op moves a result: e.g. ``fo-gdn-vendor=flagos-L1off:
+    chunk_gated_delta_rule=vendor``. Refused, naming the accepted values, for an unknown BASE,
+    op or kind."""
+    name, _, rest = text.partition("=")
+    base, colon, spec = rest.partition(":")
+    if not name or not colon or not spec.strip():
+        raise SystemExit(f"--variant {text!r}: expected NAME=BASE:op=kind[|kind][;op=kind...]")
+    if base not in known:
+        raise SystemExit(f"--variant {text!r}: unknown base configuration {base!r}; known: "
+                         f"{', '.join(known)}")
+    env = dict(known[base])
+    entries = {e.split("=", 1)[0].strip(): e.strip()
+               for e in env.get("SGLANG_FL_PER_OP", "").split(";") if e.strip()}
+    for item in filter(None, (c.strip() for c in spec.split(";"))):
+        key, eq, kinds = item.partition("=")
+        op = key.split("@", 1)[0].strip()
+        bad = [k for k in kinds.split("|") if k.strip() not in BACKEND_KINDS]
+        if not eq or op not in OP_NAMES or bad:
+            raise SystemExit(f"--variant {text!r}: bad entry {item!r}; ops: {', '.join(OP_NAMES)}; "
+                             f"kinds: {', '.join(BACKEND_KINDS)}")
+        entries[key.strip()] = item
+    env["SGLANG_FL_PER_OP"] = ";".join(entries.values())
     return name, env
 
 
@@ -620,6 +656,9 @@ def main(argv=None):
                     "without the radix cache; combinable)")
     ap.add_argument("--extra-config", action="append", default=[],
                     help="NAME=ENV=VAL,ENV=VAL (repeatable)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=BASE:op=kind|kind;op=kind: BASE with those ops re-pinned "
+                         "(repeatable; always run, like --extra-config)")
     ap.add_argument("--anchor", default=None, help="configuration the paired ratios divide by, "
                     f"in every group (default: {ANCHOR} when it runs, else the first)")
     ap.add_argument("--repeats", type=int, default=60, help="interleaved repeats per group")
@@ -643,7 +682,8 @@ def main(argv=None):
                     "for a CPU smoke run")
     args = ap.parse_args(argv)
 
-    configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config)
+    configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config,
+                              args.variant)
     index = {name: i for i, name in enumerate(configs)}
     anchor = pick_anchor(args.anchor, list(configs))
     args.log_dir.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,38 @@ def test_mtp_configurations_pair_with_their_plain_twin():
     assert "1.60 (1.50-1.70) | 1/2 prompts |" in text
 
 
+def test_a_per_op_variant_repins_only_the_named_ops_of_its_base():
+    """--variant derives a bisecting configuration from a known one: its other ops and its
+    environment stay; a bad base, op or kind is refused naming the accepted values."""
+    import e2e_bench
+
+    configs = e2e_bench.resolve_configs(
+        ["flagos-L1off"], variants=["fo-gdn=flagos-L1off:chunk_gated_delta_rule=vendor;"
+                                    "packed_recurrent_gated_delta_rule@decode=vendor|flagos",
+                                    "fd-rope=fl-defaults:rotary_embedding=vendor"])
+    base_env = configs["flagos-L1off"][0]
+    env, flags = configs["fo-gdn"]
+    assert flags == [] and env["USE_FLAGGEMS"] == base_env["USE_FLAGGEMS"]
+    base = base_env["SGLANG_FL_PER_OP"].split(";")
+    got = env["SGLANG_FL_PER_OP"].split(";")
+    assert "chunk_gated_delta_rule=vendor" in got and "chunk_gated_delta_rule=flagos" not in got
+    assert got[-1] == "packed_recurrent_gated_delta_rule@decode=vendor|flagos"
+    assert [e for e in got if not e.startswith(("chunk_", "packed_recurrent_gated_delta_rule@"))] == [
+        e for e in base if not e.startswith("chunk_")]
+    assert configs["fd-rope"] == ({"SGLANG_FL_PER_OP": "rotary_embedding=vendor"}, [])
+    from sglang_fl.config import build_settings
+
+    settings = build_settings(env=env, detect_platform=lambda: "cuda")  # the server reads it so
+    assert settings.op_backends["chunk_gated_delta_rule"] == ("vendor",)
+    assert settings.op_backends["packed_recurrent_gated_delta_rule@decode"] == ("vendor", "flagos")
+    for bad, says in (("x=nope:rms_norm=vendor", "unknown base configuration 'nope'.*flagos-L1off"),
+                      ("x=flagos-L1off:rms_nrom=vendor", "bad entry 'rms_nrom=vendor'; ops: .*rms_norm"),
+                      ("x=flagos-L1off:rms_norm=cuda", "kinds: flagos, vendor, reference"),
+                      ("x=flagos-L1off", "expected NAME=BASE:op=kind")):
+        with pytest.raises(SystemExit, match=says):
+            e2e_bench.resolve_configs(["flagos-L1off"], variants=[bad])
+
+
 def test_a_twin_parting_takes_the_hf_verdict_of_the_one_that_left_hfs_ids_there():
     """NEXTN verifies with other kernels than plain decode, so at a near-tie the twins may part:
     the parting is judged by HF's reference at that step (the H100 run of 2026-12-06 parted so
