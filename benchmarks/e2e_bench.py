@@ -289,7 +289,8 @@ def parse_config(text):
 
 def per_op_variant(text, known):
     """``NAME=BASE:op=kind|kind;op@bucket=kind`` -> (NAME, env): configuration BASE with those
-    ops' orders replaced (or added) in its ``SGLANG_FL_PER_OP``, the rest of its environment
+    ops' orders replaced (or added) in its ``SGLANG_FL_PER_OP`` (for a BASE without one, such
+    as fl-defaults, in the orders its YAML gives, `yaml_orders`), the rest of its environment
     kept. For bisecting which op moves a result: e.g. ``fo-gdn-vendor=flagos-L1off:
     chunk_gated_delta_rule=vendor``. Refused, naming the accepted values, for an unknown BASE,
     op or kind."""
@@ -301,8 +302,12 @@ def per_op_variant(text, known):
         raise SystemExit(f"--variant {text!r}: unknown base configuration {base!r}; known: "
                          f"{', '.join(known)}")
     env = dict(known[base])
-    entries = {e.split("=", 1)[0].strip(): e.strip()
-               for e in env.get("SGLANG_FL_PER_OP", "").split(";") if e.strip()}
+    if "SGLANG_FL_PER_OP" in env:
+        entries = {e.split("=", 1)[0].strip(): e.strip()
+                   for e in env["SGLANG_FL_PER_OP"].split(";") if e.strip()}
+    else:  # BASE's orders come from YAML, which the variable would replace whole: spell them out
+        entries = {key: f"{key}={'|'.join(kinds)}"
+                   for key, kinds in yaml_orders({**os.environ, **env}).items()}
     for item in filter(None, (c.strip() for c in spec.split(";"))):
         key, eq, kinds = item.partition("=")
         op = key.split("@", 1)[0].strip()
@@ -313,6 +318,15 @@ def per_op_variant(text, known):
         entries[key.strip()] = item
     env["SGLANG_FL_PER_OP"] = ";".join(entries.values())
     return name, env
+
+
+def yaml_orders(env):
+    """The ``op_backends`` a server started with ``env`` reads (its platform YAML, and
+    ``SGLANG_FL_CONFIG``'s over it) on this machine's platform."""
+    from sglang_fl.config import build_settings
+    from sglang_fl.devices import detect_platform
+
+    return dict(build_settings(env=env, detect_platform=detect_platform).op_backends)
 
 
 def prompts(n, length, vocab, seed):

@@ -121,10 +121,16 @@ def test_mtp_configurations_pair_with_their_plain_twin():
     assert "1.60 (1.50-1.70) | 1/2 prompts |" in text
 
 
-def test_a_per_op_variant_repins_only_the_named_ops_of_its_base():
+def test_a_per_op_variant_repins_only_the_named_ops_of_its_base(monkeypatch):
     """--variant derives a bisecting configuration from a known one: its other ops and its
     environment stay; a bad base, op or kind is refused naming the accepted values."""
     import e2e_bench
+
+    import sglang_fl.devices
+
+    monkeypatch.setattr(sglang_fl.devices, "detect_platform", lambda: "cuda")  # cuda.yaml
+    monkeypatch.delenv("SGLANG_FL_CONFIG", raising=False)
+    monkeypatch.delenv("SGLANG_FL_PER_OP", raising=False)
 
     configs = e2e_bench.resolve_configs(
         ["flagos-L1off"], variants=["fo-gdn=flagos-L1off:chunk_gated_delta_rule=vendor;"
@@ -139,10 +145,18 @@ def test_a_per_op_variant_repins_only_the_named_ops_of_its_base():
     assert got[-1] == "packed_recurrent_gated_delta_rule@decode=vendor|flagos"
     assert [e for e in got if not e.startswith(("chunk_", "packed_recurrent_gated_delta_rule@"))] == [
         e for e in base if not e.startswith("chunk_")]
-    assert configs["fd-rope"] == ({"SGLANG_FL_PER_OP": "rotary_embedding=vendor"}, [])
     from sglang_fl.config import build_settings
 
-    settings = build_settings(env=env, detect_platform=lambda: "cuda")  # the server reads it so
+    # a base whose orders come from YAML keeps every other op's YAML order (the variable
+    # replaces op_backends whole)
+    def orders(env):
+        return dict(build_settings(env=env, detect_platform=lambda: "cuda").op_backends)
+
+    yaml = orders({})
+    assert yaml, "the platform YAML names per-op orders"
+    assert orders(configs["fd-rope"][0]) == {**yaml, "rotary_embedding": ("vendor",)}
+
+    settings = build_settings(env=env, detect_platform=lambda: "cuda")
     assert settings.op_backends["chunk_gated_delta_rule"] == ("vendor",)
     assert settings.op_backends["packed_recurrent_gated_delta_rule@decode"] == ("vendor", "flagos")
     for bad, says in (("x=nope:rms_norm=vendor", "unknown base configuration 'nope'.*flagos-L1off"),
