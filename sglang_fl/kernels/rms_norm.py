@@ -14,10 +14,12 @@ Why it exists:
   run four or more such norms per layer. The weight cannot be formed once (nothing tells a
   backend when a weight loader rewrites it): the kernel adds the 1 itself.
 
-Numerics follow SGLang's ``forward_native`` of each layer: ``RMSNorm`` adds ``x + residual
-(+ post)`` in fp32 and normalises that fp32 sum (storing its rounding as the new residual), as
-SGLang's fused CUDA kernel does; ``GemmaRMSNorm`` adds in x's dtype and normalises the rounded
-sum. Normalisation and scale are in fp32, rounded once at the end. Like SGLang's fused kernels,
+Numerics follow SGLang's fused CUDA kernels (``fused_add_rmsnorm``, ``gemma_fused_add_rmsnorm``,
+what SGLang itself serves on CUDA): ``x + residual (+ post)`` is added in fp32, its rounding to
+x's dtype stored as the new residual, and the fp32 sum normalised. (``GemmaRMSNorm.forward_native``
+and HF normalise the rounded sum instead: one bf16 rounding more per norm, which until
+2026-12-06 this kernel copied, and `tests/gpu/test_precision_parity.py` would count against
+it.) Normalisation and scale are in fp32, rounded once at the end. Like SGLang's fused kernels,
 a residual call writes the normed rows into ``x`` and the sum into ``residual`` (into a new
 tensor where ``post_residual_addition`` is given, as SGLang adds that to a new residual first).
 
@@ -71,9 +73,10 @@ def rms_norm(x, weight, eps: float, residual=None, post_residual_addition=None):
 
 def gemma_rms_norm(x, weight, eps: float, residual=None):
     """SGLang's ``GemmaRMSNorm``: ``x * rsqrt(mean(x^2) + eps) * (1 + weight)``; with
-    ``residual``, ``x + residual`` (in x's dtype) first, written into ``residual``, and the
-    normed rows written into ``x``: returns ``(x, residual)``; without, a new tensor. Call only
-    where `supports` says yes."""
+    ``residual``, ``x + residual`` in fp32 first, normalised, its rounding to x's dtype written
+    into ``residual`` (x + residual in x's dtype, as forward_native) and the normed rows into
+    ``x``: returns ``(x, residual)``; without, a new tensor. Call only where `supports` says
+    yes."""
     return _norm(x, weight, eps, residual, None, gemma=True)
 
 

@@ -24,10 +24,10 @@ def rms_norm_kernel(x_ptr, res_ptr, post_ptr, w_ptr, out_ptr, res_out_ptr, n, x_
     """Grid ``(rows,)``: row ``r`` of ``x``, normalised in fp32 and scaled by ``w`` (``GEMMA``:
     by ``1 + w``) in fp32, stored in x's dtype into ``out``.
 
-    With a residual, row ``r`` of ``res`` is added first and the sum stored into ``res_out``:
-    plain (`RMSNorm.forward_native`), ``x + res (+ post)`` in fp32, the fp32 sum normalised and
-    its rounding stored; ``GEMMA`` (`GemmaRMSNorm.forward_native`), ``x + res`` rounded to x's
-    dtype, and that rounded sum normalised and stored."""
+    With a residual, row ``r`` of ``res`` (and ``post``) is added first in fp32, the sum's
+    rounding to x's dtype stored into ``res_out``, and the fp32 sum normalised: what SGLang's
+    fused CUDA kernels do for RMSNorm and GemmaRMSNorm alike (``forward_native`` of the Gemma
+    norm normalises the rounded sum, one bf16 rounding more)."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     mask = i < n
@@ -39,10 +39,8 @@ def rms_norm_kernel(x_ptr, res_ptr, post_ptr, w_ptr, out_ptr, res_out_ptr, n, x_
         if HAS_POST:
             p = tl.load(post_ptr + row * post_stride + i, mask=mask, other=0.0)
             xf = xf + p.to(tl.float32)
-        total = xf.to(x_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * res_out_stride + i, total, mask=mask)
-        if GEMMA:
-            xf = total.to(tl.float32)
+        tl.store(res_out_ptr + row * res_out_stride + i, xf.to(x_ptr.dtype.element_ty),
+                 mask=mask)
     rstd = 1.0 / tl.sqrt(tl.reduce(xf * xf, 0, _add) / n + eps)
     w = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
     if GEMMA:

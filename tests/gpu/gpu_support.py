@@ -116,3 +116,39 @@ def rope_caches(layer):
     """The standard op's cos/sin arguments: halves of the layer's ``[max_pos, rot_dim]`` cache."""
     cos, sin = layer.cos_sin_cache.chunk(2, dim=-1)
     return cos.contiguous(), sin.contiguous()
+
+
+# The Gated DeltaNet ops (test_gdn_ops, test_precision_parity): head dims of Qwen3.5/3.6.
+DK = DV = 128
+
+
+def implements(backend, op):
+    """The op's impl as the dispatch registers it: guarded by its declared input limits."""
+    from sglang_fl.dispatch.verify import verify_impl
+
+    skip_unless_implemented(backend, op)
+    sglang_ready()
+    return verify_impl(next(i for i in backend.op_impls() if i.op_name == op))
+
+
+def gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def gdn_inputs(lengths, heads, dtype, seed=0):
+    h, hv = heads
+    g, total = gen(seed), sum(lengths)
+    q = torch.randn(1, total, h, DK, device="cuda", generator=g).to(dtype)
+    k = torch.randn(1, total, h, DK, device="cuda", generator=g).to(dtype)
+    v = torch.randn(1, total, hv, DV, device="cuda", generator=g).to(dtype)
+    a = torch.randn(total, hv, device="cuda", generator=g).to(dtype)
+    b = torch.randn(total, hv, device="cuda", generator=g).to(dtype)
+    A_log = torch.rand(hv, device="cuda", generator=g) * 2 - 1  # noqa: N806
+    dt_bias = torch.randn(hv, device="cuda", generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    return q, k, v, a, b, A_log, dt_bias, cu
+
+
+def f32(*tensors):
+    return tuple(None if t is None else t.float() for t in tensors)

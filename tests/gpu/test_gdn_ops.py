@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (none here; CI has none) -- see docs/air-gapped-install.md",
                 allow_module_level=True)
 
-from gpu_support import grid, sglang_ready, skip_unless_implemented  # noqa: E402
+from gpu_support import DK, DV, f32, gdn_inputs, gen, grid, implements  # noqa: E402
 
 from sglang_fl.dispatch.limits import InputsDeclined  # noqa: E402
 from sglang_fl.dispatch.ops import op_spec  # noqa: E402
@@ -29,16 +29,6 @@ DTYPES = (torch.bfloat16, torch.float32)
 LENGTHS = ([1], [64], [65], [130, 7, 1])
 HEADS = ((16, 32), (16, 48))  # (key heads, value heads)
 DEFAULT_HEADS = HEADS[:1]
-DK = DV = 128
-
-
-def implements(backend, op):
-    """The op's impl as the dispatch registers it: guarded by its declared input limits."""
-    from sglang_fl.dispatch.verify import verify_impl
-
-    skip_unless_implemented(backend, op)
-    sglang_ready()
-    return verify_impl(next(i for i in backend.op_impls() if i.op_name == op))
 
 
 def run_or_declined(impl, *args):
@@ -57,29 +47,6 @@ def run_or_declined(impl, *args):
 def close(got, want, op, dtype, what):
     tol = op_spec(op).tolerance.for_dtype(dtype)
     torch.testing.assert_close(got.float(), want.float(), msg=lambda m: f"{op} {what}: {m}", **tol)
-
-
-def gen(seed):
-    return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def gdn_inputs(lengths, heads, dtype, seed=0):
-    h, hv = heads
-    g, total = gen(seed), sum(lengths)
-    q = torch.randn(1, total, h, DK, device="cuda", generator=g).to(dtype)
-    k = torch.randn(1, total, h, DK, device="cuda", generator=g).to(dtype)
-    v = torch.randn(1, total, hv, DV, device="cuda", generator=g).to(dtype)
-    a = torch.randn(total, hv, device="cuda", generator=g).to(dtype)
-    b = torch.randn(total, hv, device="cuda", generator=g).to(dtype)
-    A_log = torch.rand(hv, device="cuda", generator=g) * 2 - 1  # noqa: N806
-    dt_bias = torch.randn(hv, device="cuda", generator=g)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")
-    return q, k, v, a, b, A_log, dt_bias, cu
-
-
-def f32(*tensors):
-    return tuple(None if t is None else t.float() for t in tensors)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -2,8 +2,8 @@
 ``rms_norm`` and ``gemma_rms_norm`` on a device), run by Triton's interpreter on this CPU
 (``TRITON_INTERPRET=1``) against the reference backend (each layer's ``forward_native`` math):
 
-- Gemma: with and without a residual (added in x's dtype and written back into it, the normed
-  rows into x);
+- Gemma: with and without a residual (the sum's rounding to x's dtype written back into it, the
+  fp32 sum normalised as SGLang's fused CUDA kernel does, the normed rows into x);
 - plain: with and without a residual, and with ``post_residual_addition`` (the three-way sum in
   fp32, the fp32 sum normalised, its rounding returned as the residual in a new tensor);
 
@@ -60,13 +60,18 @@ def test_gemma_without_a_residual_matches_the_reference(interpreted, dtype, weig
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,n", [((4,), 2048), ((3,), 40), ((2, 3), 96)])
-def test_gemma_with_a_residual_adds_in_xs_dtype_and_writes_both_in_place(interpreted, dtype, shape, n):
+def test_gemma_with_a_residual_normalises_the_fp32_sum_and_writes_both_in_place(interpreted, dtype,
+                                                                                shape, n):
+    """The residual written back is x + residual in x's dtype (forward_native's); the output
+    is the fp32 sum normalised, as SGLang's gemma_fused_add_rmsnorm (not the rounded sum, as
+    forward_native: one rounding less, tests/gpu/test_precision_parity.py)."""
     from sglang_fl.dispatch.backends.reference import ReferenceBackend
 
     obj = layer(n, torch.bfloat16, n)
     g = torch.Generator().manual_seed(n + 2)
     x = (torch.randn(*shape, n, generator=g) * 3).to(dtype)
     residual = (torch.randn(*shape, n, generator=g) * 3).to(dtype)
+    x_before, residual_before = x.clone(), residual.clone()
     want_out, want_res = ReferenceBackend().gemma_rms_norm(obj, x.clone(), residual.clone())
     got_out, got_res = interpreted.gemma_rms_norm(x, obj.weight, obj.variance_epsilon, residual)
     assert got_out is x and got_res is residual  # in place, as SGLang's fused kernels
@@ -75,6 +80,13 @@ def test_gemma_with_a_residual_adds_in_xs_dtype_and_writes_both_in_place(interpr
     else:
         assert torch.equal(got_res, want_res), "the residual sum is not x + residual in x's dtype"
     torch.testing.assert_close(got_out, want_out, **TOL.for_dtype(dtype))
+    total = x_before.float() + residual_before.float()
+    exact = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + obj.variance_epsilon)
+    exact = exact * (1.0 + obj.weight.float())
+    ulp = {torch.float32: 2**-20, torch.bfloat16: 2**-7, torch.float16: 2**-10}[dtype]
+    # one rounding of the fp32 result (toward zero in the interpreter: up to one ulp; fp32:
+    # a few ulps of another summation order)
+    torch.testing.assert_close(got_out.float(), exact, rtol=ulp * 1.01, atol=1e-30)
 
 
 def test_takes_only_what_it_can():
