@@ -95,6 +95,7 @@ from sglang_fl.models.hf_reference import (  # noqa: E402
     cached_hf_reference,
     judge,
     served_dtype,
+    served_evidence,
     witness_for,
 )
 
@@ -335,10 +336,14 @@ def prompts(n, length, vocab, seed):
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
 
 
-def generate(server, ids, new_tokens, timeout=300.0):
+def generate(server, ids, new_tokens, timeout=300.0, top_logprobs=0):
+    """Greedy ``new_tokens`` for each prompt of ``ids``: (seconds, SGLang's outputs); with
+    ``top_logprobs``, each output's ``meta_info`` holds that many top logprobs per step."""
     payload = {"input_ids": ids if len(ids) > 1 else ids[0],
                "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0,
                                    "ignore_eos": True}}
+    if top_logprobs:
+        payload.update(return_logprob=True, top_logprobs_num=top_logprobs)
     t0 = time.perf_counter()
     out = server.post_json("/generate", payload, timeout=timeout)
     dt = time.perf_counter() - t0
@@ -369,6 +374,51 @@ def measure(server, vocab, seed, new_tokens):
     return res
 
 
+#: Top logprobs asked per greedy step: HF's reference keeps its top 8 (`TOP_K`) at least.
+GREEDY_TOP_LOGPROBS = 8
+#: The logprob request's limit (or 5x the plain greedy request's time, on a slow or loaded
+#: host): a server that cannot give logprobs (a speculative one may not) must not hold a device
+#: call for minutes.
+LOGPROB_TIMEOUT_S = 60.0
+
+
+class GreedyIds(list):
+    """One server's greedy ids per prompt, carrying its top logprobs (``top_logprobs``: per
+    prompt, per step ``[[token, logprob], ...]`` or None; None for all where the server gave
+    none), so the run's records stay plain id lists."""
+
+    def __init__(self, ids, top_logprobs=None):
+        super().__init__(ids)
+        self.top_logprobs = top_logprobs
+
+
+def top_logprobs_of(out):
+    """``[[token, logprob], ...]`` per generated step from one /generate output (SGLang's
+    ``meta_info.output_top_logprobs``: per step, ``[logprob, token, text]`` entries), or None."""
+    rows = (out.get("meta_info") or {}).get("output_top_logprobs")
+    if not rows:
+        return None
+    return [[[int(entry[1]), float(entry[0])] for entry in row or ()] for row in rows]
+
+
+def served_greedy(server, prompts_, new_tokens):
+    """The greedy ids of ``prompts_`` (`GreedyIds`, from a plain request, as every earlier run
+    took them), then the same request again with the server's top logprobs: kept per prompt
+    where that request gave the same ids (None elsewhere; all None where the server refuses
+    logprobs, as a speculative one may, with the reason printed)."""
+    took, outs = generate(server, prompts_, new_tokens)
+    ids = [o["output_ids"] for o in outs]
+    try:
+        _, again = generate(server, prompts_, new_tokens, timeout=max(LOGPROB_TIMEOUT_S, 5 * took),
+                            top_logprobs=GREEDY_TOP_LOGPROBS)
+    except Exception as exc:  # noqa: BLE001 - the ids are the check; the logprobs are evidence
+        print(f"# greedy logprobs not given ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+        return GreedyIds(ids)
+    tops = [top_logprobs_of(o) if o["output_ids"] == i else None
+            for o, i in zip(again, ids, strict=True)]
+    return GreedyIds(ids, tops)
+
+
 def greedy_verdicts(served, reference):
     """{configuration: one `judge` per prompt (with its index), or {"error": why}} for the greedy
     ids each server gave, against HF's reference (`sglang_fl.models.hf_reference`)."""
@@ -377,8 +427,10 @@ def greedy_verdicts(served, reference):
         if not isinstance(ids, list):
             out[name] = {"error": str(ids)}
             continue
-        out[name] = [{"prompt": i, **judge(got, ref)}
-                     for i, (got, ref) in enumerate(zip(ids, reference, strict=True))]
+        tops = getattr(ids, "top_logprobs", None) or [None] * len(ids)
+        out[name] = [{"prompt": i, **judge(got, ref),
+                      **(served_evidence(got, top, ref) if top else {})}
+                     for i, (got, ref, top) in enumerate(zip(ids, reference, tops, strict=True))]
     return out
 
 
@@ -755,8 +807,7 @@ def main(argv=None):
     greedy_prompts = prompts(args.greedy_prompts, 32, vocab, 7)
 
     def greedy(server):
-        _, outs = generate(server, greedy_prompts, args.greedy_tokens)
-        return [o["output_ids"] for o in outs]
+        return served_greedy(server, greedy_prompts, args.greedy_tokens)
 
     t0 = time.time()
     doc = {"benchmark": "e2e_bench", "model": args.model, "server_args": SERVER_ARGS,
@@ -782,6 +833,8 @@ def main(argv=None):
         doc["start_errors"] = run["errors"]
         # Greedy ids against HF transformers on the same weights, from the measured servers.
         doc["greedy"] = {"prompts": greedy_prompts, "servers": run["greedy"],
+                         "served_top_logprobs": {n: getattr(v, "top_logprobs", None)
+                                                 for n, v in run["greedy"].items()},
                          "served_by": "the measured servers (flags: servers.<config>.args)",
                          "speculative_equals_plain": speculation_exact(run["greedy"]),
                          "prefill_graph_equals_plain": twin_exact(run["greedy"], PCG_SUFFIX)}
@@ -907,9 +960,10 @@ def greedy_table(doc):
         return f"greedy ids vs HF transformers: not checked ({greedy['hf_error'][:300]})"
     ref = greedy.get("hf_reference", {})
     head = (f"greedy ids vs HF transformers fp32 ({ref.get('witness') or 'no'} rounding witness, "
-            f"bound {ref.get('near_tie_sigmas')} sigma)\n\n| configuration | prompt | = HF | parts at "
-            "step | HF / served token | HF gap top-1/top-2 | HF margin over served | bound | verdict |"
-            "\n|---|---|---|---|---|---|---|---|---|")
+            f"bound {ref.get('near_tie_sigmas')} sigma; served: the server's own logprobs)\n\n"
+            "| configuration | prompt | = HF | parts at step | HF / served token | HF gap "
+            "top-1/top-2 | HF margin over served | bound | verdict | served margin | served / "
+            "witness noise |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
 
     def num(x):
@@ -922,10 +976,15 @@ def greedy_table(doc):
         for r in rows:
             margin = (num(r["margin"]) if r["margin_at_least"] is None
                       else f"> {num(r['margin_at_least'])} (beyond HF's {r['kept']} kept)")
+            served = r.get("served_margin")
+            tie = (" (tie: lower id)" if served == 0.0 and r["served_token"] < r["hf_token"]
+                   else " (tie)" if served == 0.0 else "")
             lines.append(f"| {name} | {r['prompt']} | {'yes' if r['equal'] else 'no'} | "
                          f"{'-' if r['step'] is None else r['step']} | "
                          + ("-" if r["equal"] else f"{r['hf_token']} / {r['served_token']}")
-                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']} |")
+                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']} | "
+                         f"{num(served)}{tie} | {num(r.get('served_noise'))} / "
+                         f"{num(r.get('witness_noise'))} |")
     return "\n".join(lines)
 
 

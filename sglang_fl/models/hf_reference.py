@@ -286,3 +286,46 @@ def judge(got, reference: dict) -> dict:
                gap=best - max(others) if others else None, margin=margin, margin_at_least=least,
                noise=at["noise"], bound=bound, kept=len(logit), verdict=verdict)
     return out
+
+
+def served_evidence(got, top, reference: dict) -> dict:
+    """What the server's own logprobs say about one prompt's greedy ids ``got`` against its
+    `hf_reference` entry. ``top``: per generated step, the server's top logprobs as
+    ``[[token, logprob], ...]`` (SGLang computes them in fp32 from the logits it takes its
+    argmax over; in bf16 those logits sit on bf16's grid, where two tokens can tie exactly and
+    ``torch.argmax`` gives the tie to the lower id).
+
+    - ``served_margin``: at the first parting from HF, the server's logprob of its own token
+      minus that of HF's; 0.0 is an exact tie in the served logits. None where there is no
+      parting or HF's token is beyond the server's top.
+    - ``served_noise``: over the steps before any parting (the served context is HF's there)
+      and each token both top sets hold, the RMS of (served - HF) difference to HF's chosen
+      token: how far the server's rounding moves a two-logit difference, measured on this
+      prompt. ``witness_noise`` is the same quantity the near-tie bound assumes:
+      sqrt(2) x the witness' noise, median over those steps. ``noise_pairs`` counts the
+      differences behind ``served_noise``.
+
+    Evidence beside the verdict, not a verdict: `judge` alone decides (module docstring)."""
+    want, steps = reference["ids"], reference["steps"]
+    parting = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    last = min(len(top), len(steps), len(want) if parting is None else parting)
+    diffs, noises = [], []
+    for j in range(last):
+        served = {int(t): lp for t, lp in top[j]}
+        hf = dict(zip(steps[j]["top_ids"], steps[j]["top_logits"], strict=True))
+        chosen = want[j]
+        if chosen not in served or chosen not in hf:
+            continue
+        noises.append(steps[j]["noise"])
+        diffs += [(served[t] - served[chosen]) - (logit - hf[chosen])
+                  for t, logit in hf.items() if t != chosen and t in served]
+    margin = None
+    if parting is not None and parting < len(top):
+        served = {int(t): lp for t, lp in top[parting]}
+        if got[parting] in served and want[parting] in served:
+            margin = served[got[parting]] - served[want[parting]]
+    noises.sort()
+    return {"served_margin": margin,
+            "served_noise": math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else None,
+            "witness_noise": math.sqrt(2.0) * noises[len(noises) // 2] if noises else None,
+            "noise_pairs": len(diffs)}

@@ -2,7 +2,8 @@
 on Qwen3.6's shapes: a tiny Qwen3.5-MoE hybrid (Gated DeltaNet, gated attention, routed and
 shared experts), and Qwen3.6-35B-A3B's structure at a CPU's width, served by a real SGLang server, its greedy ids judged against HF transformers'
 fp32 reference prompt by prompt. Served in fp32 on CPU there is no rounding witness: every
-prompt must equal HF, and the run's exit status is 0."""
+prompt must equal HF, and the run's exit status is 0. The server's own top logprobs, asked in a
+second request, are read from SGLang's real response and set beside each verdict."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ def test_served_moe_hybrid_equals_hf_through_the_benchmarks_greedy_check(tmp_pat
     assert greedy["hf_reference"]["witness"] is None and greedy["hf_reference"]["device"] == "cpu"
     rows = greedy["verdicts"]["fl-defaults"]
     assert [r["verdict"] for r in rows] == ["equal"] * 3, rows
+    # the server's own top logprobs (a second request, same ids) say how far its logits sit
+    # from HF's: fp32 against fp32 here, so next to nothing, over every step's top tokens
+    assert all(r["noise_pairs"] >= 8 * 4 and r["served_noise"] < 1e-3 for r in rows), rows
+    assert all(len(top) == 8 for top in greedy["served_top_logprobs"]["fl-defaults"])
     assert greedy["servers"]["fl-defaults"] == greedy["hf_transformers"]
     assert all(len(ids) == 8 for ids in greedy["hf_transformers"])
     assert e2e_bench.exit_status(doc) == 0

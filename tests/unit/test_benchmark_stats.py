@@ -4,6 +4,7 @@ follows the confidence interval."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -129,8 +130,8 @@ def test_a_per_op_variant_repins_only_the_named_ops_of_its_base(monkeypatch):
     import sglang_fl.devices
 
     monkeypatch.setattr(sglang_fl.devices, "detect_platform", lambda: "cuda")  # cuda.yaml
-    monkeypatch.delenv("SGLANG_FL_CONFIG", raising=False)
-    monkeypatch.delenv("SGLANG_FL_PER_OP", raising=False)
+    for key in [k for k in os.environ if k.startswith("SGLANG_FL_")]:  # tests/integration pins
+        monkeypatch.delenv(key)  # some for the whole process (its conftest)
 
     configs = e2e_bench.resolve_configs(
         ["flagos-L1off"], variants=["fo-gdn=flagos-L1off:chunk_gated_delta_rule=vendor;"

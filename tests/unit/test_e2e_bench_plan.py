@@ -463,6 +463,45 @@ def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
     assert "| b | - | no ids: ServerStartError: exited |" in table
 
 
+def test_greedy_ids_come_from_a_plain_request_and_the_logprobs_from_a_second_one():
+    """The ids are taken as always; SGLang's top logprobs (``[logprob, token, text]`` per
+    entry) from the same request again are kept where it gave the same ids, become evidence
+    beside each verdict, and an exact tie won by the lower id says so in the table. A server
+    that refuses logprobs still gives its ids."""
+    class LogprobServer:
+        def __init__(self, refuse=False, other_ids=False):
+            self.refuse, self.other_ids, self.payloads = refuse, other_ids, []
+
+        def post_json(self, path, payload, timeout=0):
+            self.payloads.append(payload)
+            with_lp = payload.get("return_logprob")
+            if with_lp and self.refuse:
+                raise RuntimeError("HTTP 400: logprobs unsupported")
+            ids = [5, 3] if not (with_lp and self.other_ids) else [5, 6]
+            top = [[[-1.0, 5, None], [-1.9, 9, None]], [[-0.5, 3, None], [-0.5, 6, None]]]
+            return {"output_ids": ids, "meta_info": {"output_top_logprobs": top} if with_lp else {}}
+
+    server = LogprobServer()
+    got = e2e_bench.served_greedy(server, [[1, 2, 3]], 2)
+    assert got == [[5, 3]] and got.top_logprobs == [[[[5, -1.0], [9, -1.9]], [[3, -0.5], [6, -0.5]]]]
+    assert "return_logprob" not in server.payloads[0]  # the ids: the request every run made
+    assert server.payloads[1]["top_logprobs_num"] == e2e_bench.GREEDY_TOP_LOGPROBS
+    assert e2e_bench.served_greedy(LogprobServer(other_ids=True), [[1]], 2).top_logprobs == [None]
+    refused = e2e_bench.served_greedy(LogprobServer(refuse=True), [[1]], 2)
+    assert refused == [[5, 3]] and refused.top_logprobs is None
+
+    ref = [{"ids": [5, 6], "steps": [{"top_ids": [5, 9], "top_logits": [3.0, 2.0], "noise": 0.1},
+                                     {"top_ids": [6, 3], "top_logits": [4.0, 3.95], "noise": 0.1}]}]
+    verdicts = e2e_bench.greedy_verdicts({"a": got, "b": [[5, 3]]}, ref)
+    row = verdicts["a"][0]
+    assert row["verdict"] == "near-tie" and row["served_margin"] == 0.0
+    assert row["served_noise"] == pytest.approx(0.1) and row["noise_pairs"] == 1
+    assert "served_margin" not in verdicts["b"][0]  # no logprobs: no evidence, same verdict
+    table = e2e_bench.greedy_table({"greedy": {"verdicts": verdicts, "hf_reference": {}}})
+    assert "| near-tie | 0 (tie: lower id) | 0.1 / 0.1414 |" in table
+    assert "| near-tie | - | - / - |" in table
+
+
 def test_the_accept_length_sglang_reports_is_recorded_for_batch_one():
     """SGLang puts ``spec_accept_length`` in a speculative request's meta_info; a plain server
     has none, and then the result has no such key (not a made-up 1.0)."""

@@ -189,3 +189,30 @@ def test_a_tiny_model_made_again_elsewhere_reuses_the_carried_reference(tmp_path
     (model / MANIFEST).write_text('{"format_version": 1, "spec": {"seed": 1}}')
     hr.cached_hf_reference(cache, model, [[10, 1]], 2)
     assert len(fake.calls) == 2
+
+
+def test_the_servers_own_logprobs_show_a_tie_and_its_rounding_noise():
+    """served_evidence: at the parting, the server's margin of its token over HF's (0.0: an
+    exact tie, which argmax gives to the lower id); before it, the RMS of the server's minus
+    HF's difference to HF's chosen token, beside the sqrt(2) x noise the bound assumes."""
+    ref = entry([5, 6, 7], [
+        ([5, 9, 1], [3.0, 2.0, 1.0], 0.1),
+        ([6, 8, 2], [4.0, 3.9, 1.0], 0.2),
+        ([7, 3, 4], [5.0, 4.0, 3.5], 0.3),
+    ])
+    # the server: step 0 moves token 9 by +0.1 and token 1 by -0.1 against HF; step 1 ties
+    # 6 and 3 (HF's 6 and the served 3, a lower id), step 2 is after the parting
+    top = [[[5, -1.0], [9, -1.9], [1, -3.1]],
+           [[3, -0.5], [6, -0.5], [8, -0.7]],
+           [[0, -0.1]]]
+    ev = hr.served_evidence([5, 3, 0], top, ref)
+    assert ev["served_margin"] == 0.0  # the exact tie, in the server's own logits
+    assert ev["noise_pairs"] == 2 and ev["served_noise"] == pytest.approx(0.1)
+    assert ev["witness_noise"] == pytest.approx(math.sqrt(2) * 0.1)  # steps before the parting
+    # equal ids: every step counts; HF's token beyond the served top: no margin
+    same = hr.served_evidence([5, 6, 7], [top[0], [[6, -0.5], [8, -0.6]], [[7, -0.2]]], ref)
+    assert same["served_margin"] is None and same["noise_pairs"] == 3
+    assert same["witness_noise"] == pytest.approx(math.sqrt(2) * 0.2)
+    assert hr.served_evidence([5, 8], [top[0], [[8, -0.1]]], ref)["served_margin"] is None
+    assert hr.served_evidence([5], [], ref) == {"served_margin": None, "served_noise": None,
+                                                "witness_noise": None, "noise_pairs": 0}
