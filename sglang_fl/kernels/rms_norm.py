@@ -17,9 +17,9 @@ Why it exists:
 Numerics follow SGLang's fused CUDA kernels (``fused_add_rmsnorm``, ``gemma_fused_add_rmsnorm``,
 what SGLang itself serves on CUDA): ``x + residual (+ post)`` is added in fp32, its rounding to
 x's dtype stored as the new residual, and the fp32 sum normalised. (``GemmaRMSNorm.forward_native``
-and HF normalise the rounded sum instead: one bf16 rounding more per norm, which until
-2026-12-06 this kernel copied, and `tests/gpu/test_precision_parity.py` would count against
-it.) Normalisation and scale are in fp32, rounded once at the end. Like SGLang's fused kernels,
+and HF normalise the rounded sum instead: one bf16 rounding more per norm, which
+`tests/gpu/test_precision_parity.py` would count against this kernel.) Normalisation and scale
+are in fp32, rounded once at the end. Like SGLang's fused kernels,
 a residual call writes the normed rows into ``x`` and the sum into ``residual`` (into a new
 tensor where ``post_residual_addition`` is given, as SGLang adds that to a new residual first).
 
