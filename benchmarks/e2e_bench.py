@@ -93,6 +93,7 @@ from sglang_fl.models.hf_reference import (  # noqa: E402
     NEAR_TIE_SIGMAS,
     UNDECIDED,
     cached_hf_reference,
+    first_parting,
     judge,
     served_dtype,
     served_evidence,
@@ -658,7 +659,7 @@ def twin_partings(greedy, verdicts):
     context: ``undecided``."""
     out = {}
     for name, ids in greedy.items():
-        twin = next((name.removesuffix(x) for x in SUFFIXES if name.endswith(x)), None)
+        twin = e2e_plan.twin_of(name, SUFFIXES)
         if twin is None or twin not in greedy:
             continue
         mine, theirs = verdicts.get(name), verdicts.get(twin)
@@ -668,7 +669,7 @@ def twin_partings(greedy, verdicts):
             continue
         rows = []
         for i, (a, b) in enumerate(zip(ids, plain, strict=True)):
-            step = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            step = first_parting(a, b)
             if step is None:
                 rows.append({"prompt": i, "step": None, "verdict": EQUAL, "by": []})
                 continue
@@ -687,9 +688,7 @@ def _twin_summary(rows, same):
     """``equal/prompts prompts`` and the partings by verdict (`twin_partings`)."""
     if rows is None:
         return "-" if same is None else f"{sum(same)}/{len(same)} prompts"
-    parted = [r["verdict"] for r in rows if r["verdict"] != EQUAL]
-    kinds = ", ".join(f"{parted.count(v)} {v}" for v in dict.fromkeys(parted))
-    return f"{len(rows) - len(parted)}/{len(rows)} prompts" + (f" ({kinds})" if kinds else "")
+    return _verdict_summary([r["verdict"] for r in rows], " prompts")
 
 
 def report_failure(name, stage, exc, log, keep_dir):
@@ -947,9 +946,14 @@ def _greedy_summary(rows):
     """``equal/prompts`` and the partings by verdict, for one configuration's row."""
     if rows is None or isinstance(rows, dict):
         return "-"
-    parted = [r["verdict"] for r in rows if not r["equal"]]
+    return _verdict_summary([r["verdict"] for r in rows])
+
+
+def _verdict_summary(verdicts, unit=""):
+    """``equal/all`` (``unit`` after it) and the others counted by verdict, in first-seen order."""
+    parted = [v for v in verdicts if v != EQUAL]
     kinds = ", ".join(f"{parted.count(v)} {v}" for v in dict.fromkeys(parted))
-    return f"{len(rows) - len(parted)}/{len(rows)}" + (f" ({kinds})" if kinds else "")
+    return f"{len(verdicts) - len(parted)}/{len(verdicts)}{unit}" + (f" ({kinds})" if kinds else "")
 
 
 def greedy_table(doc):

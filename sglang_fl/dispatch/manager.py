@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.limits import InputsDeclined
+from sglang_fl.dispatch.ops import OPS_BY_NAME
 from sglang_fl.dispatch.policy import Selection, SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, BackendStatus, NoImplementationError, OpImpl
@@ -272,18 +273,11 @@ class OpManager:
     def bucket_of(self, op_name: str, args: tuple, kwargs: dict) -> str | None:
         """The token bucket a call of ``op_name`` with ``args`` (``obj`` first) falls in; None
         when the size argument is not given or has no such dimension."""
-        from sglang_fl.dispatch.ops import OPS_BY_NAME
-
         spec = OPS_BY_NAME.get(op_name)  # an unknown op is refused by resolve(), by name
         if spec is None or len(self.policy.token_buckets) < 2:
             return None
         tokens = spec.token_count(args, kwargs)
-        if tokens is None:
-            return None
-        for name, hi in self.policy.token_buckets:
-            if hi is None or tokens <= hi:
-                return name
-        return None
+        return None if tokens is None else self.policy.bucket_for(tokens)
 
     def reset_resolution(self) -> None:
         with self._lock:

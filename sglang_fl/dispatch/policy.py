@@ -36,6 +36,13 @@ class SelectionPolicy:
             deny_vendors=settings.deny_vendors,
         )
 
+    def bucket_for(self, tokens: int) -> str | None:
+        """The token bucket holding ``tokens``: the first whose largest count is not exceeded."""
+        for name, hi in self.token_buckets:
+            if hi is None or tokens <= hi:
+                return name
+        return None
+
     def kinds_for(self, op_name: str, bucket: str | None = None) -> tuple[str, ...]:
         """The op's order in token bucket ``bucket``: ``op@bucket``, else ``op``, else the
         default order (``bucket=None``: the order of buckets without their own)."""

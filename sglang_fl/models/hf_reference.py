@@ -258,6 +258,11 @@ def near_tie_bound(noise: float) -> float:
     return NEAR_TIE_SIGMAS * math.sqrt(2.0) * noise
 
 
+def first_parting(got, want) -> int | None:
+    """The first step where two id sequences differ, over the steps both have; None if none."""
+    return next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+
+
 def judge(got, reference: dict) -> dict:
     """Served greedy ids ``got`` against one prompt's `hf_reference` entry: whether they are
     equal over the steps both have, else the first parting step, HF's top-1/top-2 gap and its
@@ -265,7 +270,7 @@ def judge(got, reference: dict) -> dict:
     least it can be: ``margin_at_least``), the bound and the verdict: near-tie within the bound,
     DEFECT beyond it or beyond a complete kept set, else undecided (module docstring)."""
     want = reference["ids"]
-    step = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    step = first_parting(got, want)
     out = {"equal": step is None, "step": step, "hf_token": None, "served_token": None,
            "gap": None, "margin": None, "margin_at_least": None, "noise": None, "bound": None,
            "kept": None, "verdict": EQUAL}
@@ -307,11 +312,11 @@ def served_evidence(got, top, reference: dict) -> dict:
 
     Evidence beside the verdict, not a verdict: `judge` alone decides (module docstring)."""
     want, steps = reference["ids"], reference["steps"]
-    parting = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    parting = first_parting(got, want)
     last = min(len(top), len(steps), len(want) if parting is None else parting)
     diffs, noises = [], []
     for j in range(last):
-        served = {int(t): lp for t, lp in top[j]}
+        served = dict(top[j])
         hf = dict(zip(steps[j]["top_ids"], steps[j]["top_logits"], strict=True))
         chosen = want[j]
         if chosen not in served or chosen not in hf:
@@ -321,7 +326,7 @@ def served_evidence(got, top, reference: dict) -> dict:
                   for t, logit in hf.items() if t != chosen and t in served]
     margin = None
     if parting is not None and parting < len(top):
-        served = {int(t): lp for t, lp in top[parting]}
+        served = dict(top[parting])
         if got[parting] in served and want[parting] in served:
             margin = served[got[parting]] - served[want[parting]]
     noises.sort()
