@@ -73,6 +73,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -438,7 +439,9 @@ def greedy_verdicts(served, reference):
 def exit_status(doc):
     """1 when the greedy check found a defect, could not decide a parting, or could not be made
     for every configuration (no HF reference, a server without greedy ids), else 0: a GPU stage
-    sees it in the exit code."""
+    sees it in the exit code. A stopped run (SIGTERM) is 1 as well: it did not finish."""
+    if doc.get("stopped"):
+        return 1
     greedy = doc.get("greedy", {})
     verdicts = greedy.get("verdicts")
     if not verdicts or "hf_error" in greedy:
@@ -495,6 +498,22 @@ def plan_memory(model, configs, anchor, fraction):
     return groups, needs, record
 
 
+class Stopped(KeyboardInterrupt):
+    """The run was told to stop (SIGTERM: a stage's ``timeout``). A KeyboardInterrupt, so that
+    no ``except Exception`` swallows it and every Ctrl-C path of `sglang_fl.serving` (a server
+    being spawned, one being stopped) cleans up for it too."""
+
+
+def stop_on_sigterm():
+    """From now on SIGTERM raises `Stopped` once: the servers are stopped and what was
+    measured is written. A second SIGTERM ends the process at once (the servers then get
+    their parent-death signal)."""
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Stopped(f"{signal.Signals(signum).name} received")
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, repeats,
                new_tokens, end_time=None, clock=time.time):
     """Measure ``groups`` (each led by ``anchor``) one after another.
@@ -508,8 +527,34 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
     either), for the greedy ids alone. ``end_time`` (``clock`` seconds) is shared: each
     group gets an equal part of what is left when it begins. A failure is handed to
     ``on_failure(name, stage, exc)`` at once, which returns the message kept; that server is
-    not measured again."""
+    not measured again. `Stopped` (SIGTERM) stops every server and returns what was complete:
+    the whole repeats and the greedy ids taken so far, with ``stopped`` saying where."""
     runs, rep_group, errors, greedy_ids, records, start_seconds = {}, {}, {}, {}, [], {}
+    stopped = None
+    try:
+        _run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, repeats,
+                    new_tokens, end_time, clock, runs, rep_group, errors, greedy_ids, records,
+                    start_seconds)
+    except Stopped as exc:
+        partial = max(rep_group, default=-1) + 1
+        for by_rep in runs.values():  # the repeat under way when it came is not a whole one
+            by_rep.pop(partial, None)
+        current = records[-1] if records else None
+        stopped = (f"{exc} in group {current['group'] + 1} after {len(current['reps'])} of its "
+                   f"repeats" if current else str(exc))
+        if current and "t0" in current:
+            current["seconds"] = round(clock() - current.pop("t0"), 1)
+        print(f"# stopped: {stopped}; the servers are stopped, what was complete is kept",
+              flush=True)
+    return {"runs": runs, "rep_group": rep_group, "errors": errors, "greedy": greedy_ids,
+            "groups": records, "start_seconds": start_seconds, "stopped": stopped}
+
+
+def _run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, repeats,
+                new_tokens, end_time, clock, runs, rep_group, errors, greedy_ids, records,
+                start_seconds):
+    """`run_groups`' loop. It fills the dicts and lists it is given as it goes, so that they
+    hold everything complete when `Stopped` comes."""
     rep = 0
     with contextlib.ExitStack() as across:  # the anchor's server, up across groups
         servers = {}
@@ -517,8 +562,11 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
             t_group = clock()
             group_end = (None if end_time is None
                          else t_group + (end_time - t_group) / (len(groups) - g))
+            fresh, reps = [], []
+            record = {"group": g, "configs": list(group), "started": fresh, "reps": reps,
+                      "seconds": None, "t0": t_group}
+            records.append(record)
             with contextlib.ExitStack() as within:
-                fresh = []
                 for name in group:
                     if name in servers or name in errors:
                         continue
@@ -536,7 +584,6 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
                     except Exception as exc:  # noqa: BLE001
                         errors[name] = on_failure(name, "warm-up", exc)
                 up = [n for n in group if n in servers and n not in errors]
-                reps = []
                 for local in range(repeats):
                     live = [n for n in up if n not in errors]
                     if not live or (len(group) > 1 and live == [anchor]):
@@ -563,10 +610,7 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
                             greedy_ids[name] = greedy(servers[name])
                         except Exception as exc:  # noqa: BLE001
                             greedy_ids[name] = f"{type(exc).__name__}: {exc}"
-                records.append({"group": g, "configs": list(group), "started": fresh,
-                                "reps": reps, "seconds": round(clock() - t_group, 1)})
-    return {"runs": runs, "rep_group": rep_group, "errors": errors, "greedy": greedy_ids,
-            "groups": records, "start_seconds": start_seconds}
+                record["seconds"] = round(clock() - record.pop("t0"), 1)
 
 
 def summarize(values, reps, groups=None):
@@ -746,6 +790,7 @@ def main(argv=None):
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
                     "for a CPU smoke run")
     args = ap.parse_args(argv)
+    stop_on_sigterm()
 
     configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config,
                               args.variant)
@@ -823,6 +868,8 @@ def main(argv=None):
             end_time=None if args.max_seconds is None else t0 + args.max_seconds)
         doc["groups"] = run["groups"]
         doc["start_seconds"] = run["start_seconds"]
+        if run["stopped"]:
+            doc["stopped"] = run["stopped"]
         doc["results"] = collect_results(run["runs"], run["rep_group"])
         doc["paired"] = paired_to_anchor(doc["results"], anchor)
         doc["paired_speculation"] = paired_speculation(doc["results"])
@@ -852,7 +899,8 @@ def main(argv=None):
         witness = witness_for(dtype, device)
         cache = args.hf_reference or keep_dir / "hf-reference.json"
         reference = cached_hf_reference(cache, args.model, greedy_prompts, args.greedy_tokens,
-                                        device=device, witness=witness)
+                                        device=device, witness=witness,
+                                        compute_missing="stopped" not in doc)
         doc["greedy"]["hf_transformers"] = [r["ids"] for r in reference]
         doc["greedy"]["hf_reference"] = {
             "cache": str(cache), "device": device, "served_dtype": dtype, "witness": witness,
@@ -863,6 +911,9 @@ def main(argv=None):
         doc["greedy"]["match"] = {n: None if isinstance(v, dict) else
                                   sum(r["equal"] for r in v) / len(v) for n, v in verdicts.items()}
         doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
+    except Stopped as exc:  # what the servers gave is written all the same
+        doc["stopped"] = doc.get("stopped") or f"{exc} while HF's reference was computed"
+        doc["greedy"]["hf_error"] = f"not judged: {doc['stopped']}"
     except Exception as exc:  # noqa: BLE001
         doc["greedy"]["hf_error"] = f"{type(exc).__name__}: {exc}"
         print(f"# greedy check against HF failed: {doc['greedy']['hf_error']}", flush=True)
@@ -903,7 +954,9 @@ def table(doc):
     head = ["configuration", "decode bs1 tok/s", "decode bs32 tok/s", "prefill tok/s",
             f"paired vs {doc.get('anchor', ANCHOR)}: bs1 / bs32 / prefill, median [95% CI]",
             "greedy = HF"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [f"stopped before the end: {doc['stopped']} (the whole repeats and the greedy ids "
+             "taken before it are kept)", ""] if doc.get("stopped") else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     verdicts = doc.get("greedy", {}).get("verdicts", {})
     grouped = len(doc.get("groups") or ()) > 1
     for name, r in doc["results"].items():

@@ -223,12 +223,14 @@ def checkpoint_identity(model_path) -> dict:
 
 
 def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
-                        device: str = "cpu", witness: str | None = "bfloat16") -> list[dict]:
+                        device: str = "cpu", witness: str | None = "bfloat16",
+                        compute_missing: bool = True) -> list[dict]:
     """`hf_reference` of ``prompts`` (aligned with them), through the JSON file ``cache``:
     entries of the same checkpoint (`checkpoint_identity`) and witness with at least
     ``new_tokens`` steps are reused
     (cut to ``new_tokens``); only the other prompts are computed, then the file is rewritten.
-    The entries say ``"cached": True`` when they came from the file."""
+    The entries say ``"cached": True`` when they came from the file. Without
+    ``compute_missing`` (a run with no time left) a prompt not in the file is a `LookupError`."""
     cache = Path(cache)
     header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K,
               "max_kept": MAX_KEPT}
@@ -239,6 +241,9 @@ def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
     entries = doc.get("prompts", {}) if {k: doc.get(k) for k in header} == header else {}
     usable = {k: e for k, e in entries.items() if len(e.get("ids", ())) >= new_tokens}
     missing = [p for p in dict.fromkeys(map(tuple, prompts)) if prompt_key(p) not in usable]
+    if missing and not compute_missing:
+        raise LookupError(f"HF's reference of {len(missing)} of the {len(prompts)} prompts is not "
+                          f"in {cache} for this checkpoint and witness, and was not computed")
     if missing:
         fresh = hf_reference(model_path, missing, new_tokens, device=device, witness=witness)
         entries = {**entries, **{prompt_key(p): e for p, e in zip(missing, fresh, strict=True)}}

@@ -199,8 +199,10 @@ class Events:
             self.log.append(("start", name, group))
             if name in self.fail:
                 raise RuntimeError(f"{name} exited with code 1")
-            yield name
-            self.log.append(("stop", name))
+            try:
+                yield name
+            finally:  # as launched_server: stopped whatever ends its use
+                self.log.append(("stop", name))
         return server()
 
     def measure(self, server, seed, new_tokens):
@@ -269,6 +271,52 @@ def test_the_time_budget_is_shared_by_the_groups():
                                end_time=40.0, clock=clock)
     reps = [len(g["reps"]) for g in run["groups"]]
     assert all(r > 3 for r in reps) and sum(reps) < 40  # both groups measured, within budget
+
+
+def test_a_stop_keeps_the_whole_repeats_and_the_greedy_ids_taken_and_stops_every_server():
+    """SIGTERM (a stage's timeout) in the second group's second repeat: group 1's repeats and
+    greedy ids are kept, the repeat under way is dropped, both servers still up are stopped."""
+    ev = Events()
+    calls = []
+
+    def measure(server, seed, n):
+        calls.append(seed)
+        if seed == "rep4" and server == "flagos-L1off":
+            raise e2e_bench.Stopped("SIGTERM received")
+        return ev.measure(server, seed, n)
+
+    groups = [["native-L1off", "fl-defaults"], ["native-L1off", "flagos-L1off"]]
+    run = e2e_bench.run_groups(groups, "native-L1off", ev.open_server, measure,
+                               lambda s: [[1, s]], ev.failure, repeats=3, new_tokens=16)
+    assert run["stopped"] == "SIGTERM received in group 2 after 1 of its repeats"
+    assert run["greedy"] == {"native-L1off": [[1, "native-L1off"]],
+                             "fl-defaults": [[1, "fl-defaults"]]}
+    assert sorted(run["runs"]["native-L1off"]) == [0, 1, 2, 3]  # rep 4 was not whole
+    assert sorted(run["runs"]["flagos-L1off"]) == [3]
+    assert [g["reps"] for g in run["groups"]] == [[0, 1, 2], [3]]
+    assert all(isinstance(g["seconds"], float) and "t0" not in g for g in run["groups"])
+    stops = [e for e in ev.log if e[0] == "stop"]
+    assert stops == [("stop", "fl-defaults"), ("stop", "flagos-L1off"), ("stop", "native-L1off")]
+    results = e2e_bench.collect_results(run["runs"], run["rep_group"])
+    paired = e2e_bench.paired_to_anchor(results, "native-L1off")
+    assert paired["fl-defaults"]["prefill_tok_s"]["n"] == 3
+    assert "prefill_tok_s" not in paired["flagos-L1off"]  # one pair is not a ratio
+    assert e2e_bench.exit_status({"stopped": run["stopped"], "greedy": {"verdicts": {}}}) == 1
+    assert e2e_bench.table({"stopped": run["stopped"], "results": results, "paired": paired,
+                            "groups": run["groups"]}).startswith("stopped before the end: SIGTERM")
+
+
+def test_sigterm_raises_stopped_once_then_ends_the_process():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        e2e_bench.stop_on_sigterm()
+        with pytest.raises(e2e_bench.Stopped, match="SIGTERM received"):
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 # -- serving as users serve; failures said at once -----------------------------------------------

@@ -157,6 +157,19 @@ def test_the_cache_computes_each_prompt_once_and_reuses_it(tmp_path, checkpoint,
     assert len(fake.calls) == 3
 
 
+def test_a_run_out_of_time_uses_the_cache_only(tmp_path, checkpoint, monkeypatch):
+    """A stopped e2e run judges what the file holds and never starts HF for the rest."""
+    fake = FakeHF()
+    monkeypatch.setattr(hr, "hf_reference", fake)
+    cache = tmp_path / "hf-reference.json"
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 4)
+    got = hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 4, compute_missing=False)
+    assert got[0]["cached"] and got[0]["ids"] == [10, 11, 12, 13]
+    with pytest.raises(LookupError, match="1 of the 2 prompts is not in .*not computed"):
+        hr.cached_hf_reference(cache, checkpoint, [[10, 1], [30, 3]], 4, compute_missing=False)
+    assert len(fake.calls) == 1
+
+
 def test_another_checkpoint_or_witness_does_not_reuse_the_cache(tmp_path, checkpoint, monkeypatch):
     fake = FakeHF()
     monkeypatch.setattr(hr, "hf_reference", fake)
