@@ -59,7 +59,9 @@ configuration and by later runs on the same checkpoint. The exit status is 1 whe
 is DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
-``<out dir>/server-<config>-failed.log``.
+``<out dir>/server-<config>-failed.log``. SIGTERM (a stage's ``timeout``) stops the servers and
+still writes the JSON: the whole repeats and the greedy ids taken so far, ``stopped`` saying
+where, HF's verdicts only from the cached reference; the exit status is then 1.
 
     python benchmarks/e2e_bench.py --model /tmp/qwen05b --out benchmarks/results/h200/e2e.json
 """

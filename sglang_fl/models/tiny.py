@@ -309,8 +309,25 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    _declare_tokenizer_class(out)
     if spec.architecture in HYBRID:
         _write_processor(out, fast)
+
+
+#: The transformers class that is this tokenizer: byte-level BPE behind GPT-2's split pattern.
+#: (Qwen2Tokenizer would re-split by Qwen's own pattern and encode digits differently.)
+TOKENIZER_CLASS = "GPT2Tokenizer"
+
+
+def _declare_tokenizer_class(out: Path) -> None:
+    """Name `TOKENIZER_CLASS` in tokenizer_config.json. transformers 5 saves a generic fast
+    tokenizer as ``TokenizersBackend``; SGLang takes that for a failed load and loads it again
+    twice more in each of its processes (about 3 s per process at the 248,320-token vocabulary
+    of the Qwen3.6 presets, logging "Set --trust-remote-code" each time)."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = TOKENIZER_CLASS
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 #: The image and video processor settings of a Qwen3.5/3.6 checkpoint (patch 16, 2x2 merge).

@@ -41,6 +41,38 @@ def test_checkpoint_loads_in_transformers_and_chats(small_model):
     assert out.shape[1] == len(tok("hello")["input_ids"]) + 4 or cfg.eos_token_id in out[0].tolist()
 
 
+TEXTS = ["The server answered the question.", "  two spaces,\nnewlines\tand tabs",
+         "digits 1234567 and 3.14", "caf\u00e9 \u6570\u5b57 \U0001f642", "don't won't I'm",
+         "<|im_start|>user\nhi<|im_end|>", "a" * 60 + " " + "ab" * 30]
+
+
+def test_the_declared_tokenizer_class_is_the_trained_tokenizer(small_model, caplog):
+    """tokenizer_config.json names GPT2Tokenizer, which encodes and decodes exactly as the
+    trained tokenizer.json, and SGLang loads the checkpoint's tokenizer in one go, without its
+    TokenizersBackend retries. (Some transformers releases, 5.19 among them, map model type
+    qwen2 to Qwen2Tokenizer whatever the file declares; SGLang and HF then share that class.)"""
+    import logging
+
+    from tokenizers import Tokenizer
+    from transformers import GPT2Tokenizer
+
+    from sglang_fl.models.tiny import TOKENIZER_CLASS
+
+    config = json.loads((small_model / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == TOKENIZER_CLASS == "GPT2Tokenizer"
+    raw = Tokenizer.from_file(str(small_model / "tokenizer.json"))
+    tok = GPT2Tokenizer.from_pretrained(small_model)
+    for text in TEXTS:
+        ids = raw.encode(text).ids
+        assert tok(text)["input_ids"] == ids, text
+        assert tok.decode(ids) == raw.decode(ids, skip_special_tokens=False), text
+    sglang_tokenizer = pytest.importorskip("sglang.srt.utils.hf_transformers.tokenizer")
+    with caplog.at_level(logging.INFO):
+        loaded = sglang_tokenizer.get_tokenizer(str(small_model))
+    assert type(loaded).__name__ in ("GPT2Tokenizer", "Qwen2Tokenizer")
+    assert "TokenizersBackend" not in caplog.text
+
+
 def test_same_spec_reuses_the_directory(small_model):
     stamp = (small_model / "model.safetensors").stat().st_mtime_ns
     assert make_tiny_model(small_model, **SMALL) == small_model
