@@ -792,7 +792,6 @@ def main(argv=None):
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
                     "for a CPU smoke run")
     args = ap.parse_args(argv)
-    stop_on_sigterm()
 
     configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config,
                               args.variant)
@@ -1049,4 +1048,5 @@ def greedy_table(doc):
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    stop_on_sigterm()  # here, not in main(): a caller's own process keeps its handler
     sys.exit(exit_status(main()))

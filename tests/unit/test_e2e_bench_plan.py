@@ -277,10 +277,8 @@ def test_a_stop_keeps_the_whole_repeats_and_the_greedy_ids_taken_and_stops_every
     """SIGTERM (a stage's timeout) in the second group's second repeat: group 1's repeats and
     greedy ids are kept, the repeat under way is dropped, both servers still up are stopped."""
     ev = Events()
-    calls = []
 
     def measure(server, seed, n):
-        calls.append(seed)
         if seed == "rep4" and server == "flagos-L1off":
             raise e2e_bench.Stopped("SIGTERM received")
         return ev.measure(server, seed, n)
