@@ -506,12 +506,34 @@ class Stopped(KeyboardInterrupt):
     being spawned, one being stopped) cleans up for it too."""
 
 
+class _Unbreakable:
+    """stdout once SIGTERM came: a write or flush that fails is dropped. A ``timeout`` around
+    a whole pipeline signals its readers too (``| tee | tail``), and a print into their closed
+    pipe must not end the run before its JSON is written."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        with contextlib.suppress(OSError, ValueError):
+            return self._stream.write(text)
+        return 0
+
+    def flush(self):
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def stop_on_sigterm():
     """From now on SIGTERM raises `Stopped` once: the servers are stopped and what was
     measured is written. A second SIGTERM ends the process at once (the servers then get
     their parent-death signal)."""
     def stop(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.stdout = _Unbreakable(sys.stdout)
         raise Stopped(f"{signal.Signals(signum).name} received")
     signal.signal(signal.SIGTERM, stop)
 

@@ -304,17 +304,26 @@ def test_a_stop_keeps_the_whole_repeats_and_the_greedy_ids_taken_and_stops_every
                             "groups": run["groups"]}).startswith("stopped before the end: SIGTERM")
 
 
-def test_sigterm_raises_stopped_once_then_ends_the_process():
+def test_sigterm_raises_stopped_once_then_ends_the_process(monkeypatch):
+    """Once signalled, a print into a pipe whose reader is gone (``timeout`` signals a whole
+    ``| tee`` pipeline) does not raise: the JSON is still written."""
     import signal
 
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w", buffering=1))
     before = signal.getsignal(signal.SIGTERM)
     try:
         e2e_bench.stop_on_sigterm()
         with pytest.raises(e2e_bench.Stopped, match="SIGTERM received"):
             signal.raise_signal(signal.SIGTERM)
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        print("# stopped: into a closed pipe", flush=True)
+        sys.stdout.flush()
     finally:
         signal.signal(signal.SIGTERM, before)
+        with contextlib.suppress(OSError):
+            getattr(sys.stdout, "_stream", sys.stdout).close()
 
 
 # -- serving as users serve; failures said at once -----------------------------------------------
