@@ -366,6 +366,15 @@ stage_shapes() {
 }
 
 stage_pack() {  # the device tool returns 8 files: everything but the summaries as results.tgz
+  # An e2e_bench signalled by a timeout around the whole call stops its servers and then writes
+  # its JSON (benchmarks/e2e_bench.py): give it up to $PACK_WAIT s (the pattern's brackets keep
+  # this grep from finding itself).
+  local waited=0
+  while grep -qsa 'benchmarks/e2e_benc[h][.]py' /proc/[0-9]*/cmdline && ((waited < ${PACK_WAIT:-12})); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  ((waited)) && echo "pack: waited ${waited}s for e2e_bench to write its results"
   (cd "$OUT" && tar -czf /tmp/results.tgz --exclude=jit-cache.tgz -- * && find . -mindepth 1 \
      -not -name verify-durations.txt -not -name tree-core.txt -not -name 'doctor*.txt' \
      -not -name profile.log -not -name prefill-profile.log -delete && mv /tmp/results.tgz . && ls -la)
