@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_fl.dispatch.ops import GDN_OPS, OPS, OpSpec
+from sglang_fl.dispatch.policy import bucket_of
 from sglang_fl.models.config import text_settings
 
 KIND_ORDER = ("flagos", "vendor", "reference")
@@ -544,10 +545,9 @@ def assign_tokens(buckets, tokens) -> dict[str, tuple[int, ...]]:
     for t in sorted(set(tokens)):
         if t < 1:
             raise TuneError(f"--tokens: {t} is not a positive token count")
-        for name, hi in buckets:
-            if hi is None or t <= hi:
-                out[name].append(t)
-                break
+        name = bucket_of(buckets, t)
+        if name is not None:
+            out[name].append(t)
     empty = [name for name, v in out.items() if not v]
     if empty:
         from sglang_fl.config.settings import format_buckets

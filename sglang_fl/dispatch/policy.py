@@ -9,6 +9,15 @@ from dataclasses import dataclass
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 
 
+def bucket_of(buckets, tokens: int) -> str | None:
+    """The bucket of ``buckets`` (``(name, largest count or None)``, ascending) holding
+    ``tokens``: the first whose largest count is not exceeded; None past the last bound."""
+    for name, hi in buckets:
+        if hi is None or tokens <= hi:
+            return name
+    return None
+
+
 @dataclass(frozen=True)
 class Selection:
     candidates: tuple[OpImpl, ...]  # in the order they are tried
@@ -37,11 +46,8 @@ class SelectionPolicy:
         )
 
     def bucket_for(self, tokens: int) -> str | None:
-        """The token bucket holding ``tokens``: the first whose largest count is not exceeded."""
-        for name, hi in self.token_buckets:
-            if hi is None or tokens <= hi:
-                return name
-        return None
+        """The token bucket of this policy holding ``tokens`` (`bucket_of`)."""
+        return bucket_of(self.token_buckets, tokens)
 
     def kinds_for(self, op_name: str, bucket: str | None = None) -> tuple[str, ...]:
         """The op's order in token bucket ``bucket``: ``op@bucket``, else ``op``, else the
