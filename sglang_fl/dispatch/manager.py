@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sglang_fl.dispatch.discovery import discover_backends
 from sglang_fl.dispatch.limits import InputsDeclined
 from sglang_fl.dispatch.ops import OPS_BY_NAME
-from sglang_fl.dispatch.policy import Selection, SelectionPolicy
+from sglang_fl.dispatch.policy import Selection, SelectionPolicy, bucket_of
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, BackendStatus, NoImplementationError, OpImpl
 from sglang_fl.logging_setup import get_logger
@@ -277,7 +277,7 @@ class OpManager:
         if spec is None or len(self.policy.token_buckets) < 2:
             return None
         tokens = spec.token_count(args, kwargs)
-        return None if tokens is None else self.policy.bucket_for(tokens)
+        return None if tokens is None else bucket_of(self.policy.token_buckets, tokens)
 
     def reset_resolution(self) -> None:
         with self._lock:

@@ -45,10 +45,6 @@ class SelectionPolicy:
             deny_vendors=settings.deny_vendors,
         )
 
-    def bucket_for(self, tokens: int) -> str | None:
-        """The token bucket of this policy holding ``tokens`` (`bucket_of`)."""
-        return bucket_of(self.token_buckets, tokens)
-
     def kinds_for(self, op_name: str, bucket: str | None = None) -> tuple[str, ...]:
         """The op's order in token bucket ``bucket``: ``op@bucket``, else ``op``, else the
         default order (``bucket=None``: the order of buckets without their own)."""
