@@ -554,15 +554,67 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
     not measured again. `Stopped` (SIGTERM) stops every server and returns what was complete:
     the whole repeats and the greedy ids taken so far, with ``stopped`` saying where."""
     runs, rep_group, errors, greedy_ids, records, start_seconds = {}, {}, {}, {}, [], {}
-    stopped = None
+    rep, stopped = 0, None
     try:
-        _run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, repeats,
-                    new_tokens, end_time, clock, runs, rep_group, errors, greedy_ids, records,
-                    start_seconds)
+        with contextlib.ExitStack() as across:  # the anchor's server, up across groups
+            servers = {}
+            for g, group in enumerate(groups):
+                t_group = clock()
+                group_end = (None if end_time is None
+                             else t_group + (end_time - t_group) / (len(groups) - g))
+                fresh, reps = [], []
+                record = {"group": g, "configs": list(group), "started": fresh, "reps": reps,
+                          "seconds": None, "t0": t_group}
+                records.append(record)
+                with contextlib.ExitStack() as within:
+                    for name in group:
+                        if name in servers or name in errors:
+                            continue
+                        try:
+                            stack = across if name == anchor else within
+                            servers[name] = stack.enter_context(open_server(name, g))
+                        except Exception as exc:  # noqa: BLE001 - reported; the others are measured
+                            errors[name] = on_failure(name, "start", exc)
+                            continue
+                        start_seconds[name] = round(getattr(servers[name], "start_seconds", 0.0), 1)
+                        fresh.append(name)
+                    # warm-up: first requests compile/allocate
+                    for name in fresh if repeats else ():
+                        try:
+                            measure_one(servers[name], "warm-up", 8)
+                        except Exception as exc:  # noqa: BLE001
+                            errors[name] = on_failure(name, "warm-up", exc)
+                    up = [n for n in group if n in servers and n not in errors]
+                    for local in range(repeats):
+                        live = [n for n in up if n not in errors]
+                        if not live or (len(group) > 1 and live == [anchor]):
+                            break  # nothing left to pair with the anchor in this group
+                        if group_end is not None and clock() > group_end:
+                            print(f"# group {g + 1}: time budget reached after {local} repeats",
+                                  flush=True)
+                            break
+                        order = live[local % len(live):] + live[:local % len(live)]
+                        for name in order:
+                            try:
+                                runs.setdefault(name, {})[rep] = measure_one(
+                                    servers[name], f"rep{rep}", new_tokens)
+                            except Exception as exc:  # noqa: BLE001 - no more repeats for it
+                                errors[name] = on_failure(name, f"repeat {rep}", exc)
+                        rep_group[rep] = g
+                        reps.append(rep)
+                        rep += 1
+                        print(f"# group {g + 1}/{len(groups)}: repeat {local + 1}/{repeats} done "
+                              f"({clock() - t_group:.0f}s)", flush=True)
+                    for name in up:
+                        if name not in greedy_ids:
+                            try:
+                                greedy_ids[name] = greedy(servers[name])
+                            except Exception as exc:  # noqa: BLE001
+                                greedy_ids[name] = f"{type(exc).__name__}: {exc}"
+                    record["seconds"] = round(clock() - record.pop("t0"), 1)
     except Stopped as exc:
-        partial = max(rep_group, default=-1) + 1
         for by_rep in runs.values():  # the repeat under way when it came is not a whole one
-            by_rep.pop(partial, None)
+            by_rep.pop(rep, None)
         current = records[-1] if records else None
         stopped = (f"{exc} in group {current['group'] + 1} after {len(current['reps'])} of its "
                    f"repeats" if current else str(exc))
@@ -572,70 +624,6 @@ def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, 
               flush=True)
     return {"runs": runs, "rep_group": rep_group, "errors": errors, "greedy": greedy_ids,
             "groups": records, "start_seconds": start_seconds, "stopped": stopped}
-
-
-def _run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, repeats,
-                new_tokens, end_time, clock, runs, rep_group, errors, greedy_ids, records,
-                start_seconds):
-    """`run_groups`' loop. It fills the dicts and lists it is given as it goes, so that they
-    hold everything complete when `Stopped` comes."""
-    rep = 0
-    with contextlib.ExitStack() as across:  # the anchor's server, up across groups
-        servers = {}
-        for g, group in enumerate(groups):
-            t_group = clock()
-            group_end = (None if end_time is None
-                         else t_group + (end_time - t_group) / (len(groups) - g))
-            fresh, reps = [], []
-            record = {"group": g, "configs": list(group), "started": fresh, "reps": reps,
-                      "seconds": None, "t0": t_group}
-            records.append(record)
-            with contextlib.ExitStack() as within:
-                for name in group:
-                    if name in servers or name in errors:
-                        continue
-                    try:
-                        stack = across if name == anchor else within
-                        servers[name] = stack.enter_context(open_server(name, g))
-                    except Exception as exc:  # noqa: BLE001 - reported; the others are measured
-                        errors[name] = on_failure(name, "start", exc)
-                        continue
-                    start_seconds[name] = round(getattr(servers[name], "start_seconds", 0.0), 1)
-                    fresh.append(name)
-                for name in fresh if repeats else ():  # warm-up: first requests compile/allocate
-                    try:
-                        measure_one(servers[name], "warm-up", 8)
-                    except Exception as exc:  # noqa: BLE001
-                        errors[name] = on_failure(name, "warm-up", exc)
-                up = [n for n in group if n in servers and n not in errors]
-                for local in range(repeats):
-                    live = [n for n in up if n not in errors]
-                    if not live or (len(group) > 1 and live == [anchor]):
-                        break  # nothing left to pair with the anchor in this group
-                    if group_end is not None and clock() > group_end:
-                        print(f"# group {g + 1}: time budget reached after {local} repeats",
-                              flush=True)
-                        break
-                    order = live[local % len(live):] + live[:local % len(live)]
-                    for name in order:
-                        try:
-                            runs.setdefault(name, {})[rep] = measure_one(servers[name], f"rep{rep}",
-                                                                         new_tokens)
-                        except Exception as exc:  # noqa: BLE001 - no more repeats for it
-                            errors[name] = on_failure(name, f"repeat {rep}", exc)
-                    rep_group[rep] = g
-                    reps.append(rep)
-                    rep += 1
-                    print(f"# group {g + 1}/{len(groups)}: repeat {local + 1}/{repeats} done "
-                          f"({clock() - t_group:.0f}s)", flush=True)
-                for name in up:
-                    if name not in greedy_ids:
-                        try:
-                            greedy_ids[name] = greedy(servers[name])
-                        except Exception as exc:  # noqa: BLE001
-                            greedy_ids[name] = f"{type(exc).__name__}: {exc}"
-                record["seconds"] = round(clock() - record.pop("t0"), 1)
-
 
 def summarize(values, reps, groups=None):
     out = {"median": statistics.median(values), "min": min(values), "max": max(values),

@@ -18,42 +18,33 @@ ROOT = Path(__file__).resolve().parents[2]
 LATE_WRITER = "import sys, time; time.sleep(float(sys.argv[1])); open(sys.argv[2], 'w').write('{}')"
 
 
-def pack(out, wait):
+def pack_while_writing(tmp_path, write_after, wait):
+    """``pack`` with PACK_WAIT ``wait`` while a stand-in e2e_bench writes e2e.json after
+    ``write_after`` s: (names in results.tgz, seconds pack took, its output)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "e2e.log").write_text("# stopped: SIGTERM received\n")
+    writer = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(write_after),
+                               str(out / "e2e.json"), "benchmarks/e2e_bench.py"])
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "pack"], cwd=ROOT,
-                          env={**os.environ, "OUT": str(out), "PACK_WAIT": str(wait)},
-                          capture_output=True, text=True, timeout=120)
+    try:
+        proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "pack"], cwd=ROOT,
+                              env={**os.environ, "OUT": str(out), "PACK_WAIT": str(wait)},
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        writer.kill()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with tarfile.open(out / "results.tgz") as tar:
         names = sorted(tar.getnames())
     return names, time.monotonic() - t0, proc.stdout
 
 
-def late_writer(out, seconds):
-    return subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(seconds), str(out / "e2e.json"),
-                             "benchmarks/e2e_bench.py"])
-
-
 def test_pack_takes_the_json_a_stopping_e2e_bench_writes_after_it_started(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "e2e.log").write_text("# stopped: SIGTERM received\n")
-    writer = late_writer(out, 2)
-    try:
-        names, _, text = pack(out, 60)
-    finally:
-        writer.kill()
+    names, _, text = pack_while_writing(tmp_path, 2, 60)
     assert "e2e.json" in names and "e2e.log" in names, names
     assert "pack: waited" in text
 
 
 def test_pack_waits_no_longer_than_pack_wait(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "e2e.log").write_text("x\n")
-    writer = late_writer(out, 300)
-    try:
-        names, seconds, _ = pack(out, 1)
-    finally:
-        writer.kill()
+    names, seconds, _ = pack_while_writing(tmp_path, 300, 1)
     assert names == ["e2e.log"] and seconds < 60
