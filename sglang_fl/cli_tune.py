@@ -20,7 +20,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--buckets", help="token buckets, e.g. 'decode=64;prefill' (default: the "
                                      "token_buckets setting)")
     p.add_argument("--tokens", help="comma-separated token counts to time, at least one per bucket "
-                                    "(default: each bucket's smallest and largest)")
+                                    "(default: each bucket's smallest and largest; the "
+                                    "unbounded one at 4x and 32x the bound before it, and 8192 if above it)")
     p.add_argument("--graph-buckets",
                    help="comma-separated buckets timed under a CUDA graph, or 'none' (default on "
                         "CUDA: the first bucket of several, which SGLang serves with graph decode; "

@@ -7,7 +7,7 @@ For each op of the op table that the model uses, each backend kind with an imple
 1. checked against the fp32 reference (the reference backend run on fp32 copies of the same
    rounded inputs) with the op table's tolerance for the dtype tuned: an impl outside it, or one
    that raises, is excluded from every bucket and reported (the accuracy gate);
-2. timed at every token count of every bucket (``--tokens``, by default two per bucket): the
+2. timed at every token count of every bucket (``--tokens``, by default `default_tokens`): the
    median over ``--repeats`` of the mean of ``--iters`` back-to-back calls after ``--warmup``
    calls (one call per repeat where a warm-up call after the first took over `SLOW_CALL_US`),
    the device synchronised around each timing. Timings are eager (what prefill pays,
@@ -525,14 +525,24 @@ class TuneResult:
     graph_buckets: tuple[str, ...] = ()
 
 
+#: SGLang's default ``chunked_prefill_size`` on 60-160 GB GPUs (H100, H200): the batch a long
+#: prompt's prefill runs at. An unbounded bucket after a bound is timed there too, since an op's
+#: order can flip between 2,048 tokens and this (fused_moe on the H100, 2026-12-06).
+SERVED_PREFILL_CHUNK = 8192
+
+
 def default_tokens(buckets) -> dict[str, tuple[int, ...]]:
-    """Two token counts per bucket: its smallest and largest (an unbounded bucket: 4x and
-    32x the previous bound)."""
+    """Two token counts per bounded bucket: its smallest and largest. An unbounded bucket after
+    a bound: 4x and 32x that bound, and `SERVED_PREFILL_CHUNK` where it falls in the bucket; a
+    single unbounded bucket: 1 and 256."""
     out, lo = {}, 0
     for name, hi in buckets:
         if hi is None:
             base = max(lo, 1)
-            out[name] = (base * 4, base * 32) if lo else (1, 256)
+            counts = {base * 4, base * 32} if lo else {1, 256}
+            if lo and SERVED_PREFILL_CHUNK > lo:
+                counts.add(SERVED_PREFILL_CHUNK)
+            out[name] = tuple(sorted(counts))
         else:
             out[name] = tuple(dict.fromkeys((lo + 1, hi)))
             lo = hi
