@@ -512,6 +512,17 @@ class OpResult:
     not_capturable: dict[str, str] = field(default_factory=dict)  # impl label -> why (graph buckets)
     skipped: str = ""  # why the op was not tuned
 
+    def fastest_by_tokens(self, counts) -> dict[str, tuple[int, ...]]:
+        """kind -> the token counts of ``counts`` where it was the fastest. More than one kind:
+        the bucket's order (by summed time) favours its larger counts, and a bucket bound
+        between them would give each size its own fastest kind."""
+        out: dict[str, list[int]] = {}
+        for t in counts:
+            timed = {k: v[t] for k, v in self.us.items() if t in v}
+            if timed:
+                out.setdefault(min(timed, key=lambda k: (timed[k], KIND_ORDER.index(k))), []).append(t)
+        return {k: tuple(v) for k, v in out.items()}
+
 
 @dataclass
 class TuneResult:
@@ -722,6 +733,7 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
         for label, why in r.not_capturable.items():
             lines.append(f"# NOT CAPTURABLE {r.op} {label} (left out of "
                          f"{', '.join(result.graph_buckets)}): {why}")
+    lines += _mixed_lines(result, "# ")
     for r in result.ops.values():
         if r.skipped:
             lines.append(f"# not tuned: {r.op}: {r.skipped}")
@@ -758,6 +770,19 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mixed_lines(result: TuneResult, prefix: str) -> list[str]:
+    """One line per op and bucket whose fastest kind differs between the bucket's token counts."""
+    lines = []
+    for r in result.ops.values():
+        for name, _ in result.buckets:
+            fastest = r.fastest_by_tokens(result.tokens[name]) if r.orders.get(name) else {}
+            if len(fastest) > 1:
+                where = "; ".join(f"{k} at {','.join(map(str, ts))}" for k, ts in fastest.items())
+                lines.append(f"{prefix}MIXED {r.op} {name}: the fastest differs by token count "
+                             f"({where}); its order is by their summed time")
+    return lines
+
+
 def report(result: TuneResult) -> str:
     """What the terminal shows after tuning: per op, the orders and the exclusions."""
     out = []
@@ -771,7 +796,7 @@ def report(result: TuneResult) -> str:
             out.append(f"  EXCLUDED {label}: {why}")
         for label, why in r.not_capturable.items():
             out.append(f"  NOT CAPTURABLE {label} (left out of {', '.join(result.graph_buckets)}): {why}")
-    return "\n".join(out)
+    return "\n".join(out + _mixed_lines(result, ""))
 
 
 __all__ = ["ModelShapes", "TuneError", "TuneResult", "assign_tokens", "build_case",

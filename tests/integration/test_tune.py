@@ -281,6 +281,45 @@ def test_graph_buckets_are_timed_under_a_graph_and_uncapturable_impls_leave_them
     assert set(s.backend_order("silu_and_mul", "prefill")) == {"flagos", "reference"}
 
 
+def test_a_bucket_whose_fastest_kind_changes_with_the_token_count_is_reported(tmp_path):
+    """The fused_moe case of the H100 (2026-12-06): one kind fastest at the bucket's small
+    counts, another at its large one. The order is by the sum; the terminal and the YAML say
+    where each kind was fastest, and a bucket where one kind wins everywhere says nothing."""
+    from sglang_fl.tune import report
+
+    ref = ReferenceBackend().silu_and_mul
+
+    def flagos(obj, x):
+        return ref(obj, x)
+
+    def vendor(obj, x):
+        return ref(obj, x)
+
+    us = {flagos: {1: 1.0, 2: 1.0, 8: 5.0, 64: 50.0}, vendor: {1: 2.0, 2: 2.0, 8: 10.0, 64: 20.0}}
+
+    def timer(fn, case, device, iters, warmup, repeats):
+        tokens = case.variants[0][1][0].shape[0]
+        return us.get(fn, {}).get(tokens, 1000.0)
+
+    manager = manager_with(OpImpl("silu_and_mul", "flagos", "flagos", flagos),
+                           OpImpl("silu_and_mul", "vendor.chip", "vendor", vendor, vendor="chip"))
+    result = tune(manager, SHAPES, BUCKETS, {"decode": (1, 2), "prefill": (8, 64)}, torch.float32,
+                  "cpu", ops=["silu_and_mul"], timers={"eager": timer}, **FAST)
+    r = result.ops["silu_and_mul"]
+    assert r.orders == {"decode": ["flagos", "vendor", "reference"],
+                        "prefill": ["vendor", "flagos", "reference"]}
+    assert r.fastest_by_tokens((8, 64)) == {"flagos": (8,), "vendor": (64,)}
+    line = ("MIXED silu_and_mul prefill: the fastest differs by token count (flagos at 8; "
+            "vendor at 64); its order is by their summed time")
+    assert report(result).splitlines()[-1] == line
+    text = to_yaml(result)
+    assert f"# {line}\n" in text and "MIXED silu_and_mul decode" not in text
+    out = tmp_path / "tuned.yaml"
+    out.write_text(text)
+    s = build_settings(env={"SGLANG_FL_CONFIG": str(out)}, detect_platform=lambda: "cpu")
+    assert s.backend_order("silu_and_mul", "prefill") == ("vendor", "flagos", "reference")
+
+
 def test_a_graph_bucket_nothing_could_be_captured_in_keeps_the_platforms_order(tmp_path):
     def never(fn, case, device, iters, warmup, repeats):
         raise RuntimeError("capture failed")
