@@ -55,8 +55,12 @@ token, the near-tie bound from the rounding noise measured there, and the verdic
 DEFECT, or undecided where more of HF's tokens are within the bound than it keeps). HF runs
 after every server has stopped (a large checkpoint's fp32 copy needs the GPU to itself), once
 per prompt: its reference is cached as JSON (``--hf-reference``) and reused by every
-configuration and by later runs on the same checkpoint. The exit status is 1 when any verdict
-is DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
+configuration and by later runs on the same checkpoint. Past a first parting the served
+context is the server's own: HF then runs teacher-forced along each such server's ids
+(`past_parting`, cached in the same file), and every later step where the served token is not
+HF's pick there is judged by the same rule, so configurations that leave HF alike and part
+from each other later are judged too. The exit status is 1 when any verdict is DEFECT or
+undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``. SIGTERM (a stage's ``timeout``) stops the servers and
@@ -95,9 +99,11 @@ from sglang_fl.models.hf_reference import (  # noqa: E402
     NEAR_TIE,
     NEAR_TIE_SIGMAS,
     UNDECIDED,
+    cached_hf_along,
     cached_hf_reference,
     first_parting,
     judge,
+    judge_along,
     served_dtype,
     served_evidence,
     witness_for,
@@ -438,6 +444,24 @@ def greedy_verdicts(served, reference):
     return out
 
 
+def past_parting(served, verdicts, prompts, along):
+    """{configuration: per prompt whose ids left HF's before their last step, the later steps
+    where the served token is not HF's pick given the served prefix (`judge_along`)}. Two
+    configurations that leave HF alike and then part from each other are judged so; HF's
+    reference (on HF's own ids) does not cover those steps. ``along(paths)`` gives HF's
+    logits along each ``(prompt, ids)`` (`cached_hf_along`); it is not called when no
+    configuration left HF's ids early."""
+    todo = [(name, r["prompt"], list(served[name][r["prompt"]]), r["step"] + 1)
+            for name, rows in verdicts.items() if not isinstance(rows, dict)
+            for r in rows if r["step"] is not None and r["step"] + 1 < len(served[name][r["prompt"]])]
+    entries = along([(prompts[i], got) for _, i, got, _ in todo]) if todo else []
+    out = {}
+    for (name, i, got, start), entry in zip(todo, entries, strict=True):
+        out.setdefault(name, []).append({"prompt": i, "from_step": start, "steps": len(got) - start,
+                                         "departures": judge_along(got, entry, start)})
+    return out
+
+
 def exit_status(doc):
     """1 when the greedy check found a defect, could not decide a parting, or could not be made
     for every configuration (no HF reference, a server without greedy ids), else 0: a GPU stage
@@ -450,6 +474,11 @@ def exit_status(doc):
         return 1
     for rows in verdicts.values():
         if isinstance(rows, dict) or any(r["verdict"] not in ACCEPTED for r in rows):
+            return 1
+    if "past_parting_error" in greedy:
+        return 1
+    for rows in greedy.get("past_parting", {}).values():
+        if any(d["verdict"] not in ACCEPTED for r in rows for d in r["departures"]):
             return 1
     return 0
 
@@ -922,6 +951,18 @@ def main(argv=None):
         doc["greedy"]["match"] = {n: None if isinstance(v, dict) else
                                   sum(r["equal"] for r in v) / len(v) for n, v in verdicts.items()}
         doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
+        try:
+            doc["greedy"]["past_parting"] = past_parting(
+                doc["greedy"]["servers"], verdicts, greedy_prompts,
+                lambda paths: cached_hf_along(cache, args.model, paths, device=device,
+                                              witness=witness, compute_missing="stopped" not in doc))
+        except Stopped as exc:  # the verdicts above stand; the later steps are not judged
+            doc["stopped"] = doc.get("stopped") or f"{exc} while HF's logits past the partings were computed"
+            doc["greedy"]["past_parting_error"] = f"not judged: {doc['stopped']}"
+        except Exception as exc:  # noqa: BLE001
+            doc["greedy"]["past_parting_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"# HF's check past the partings failed: {doc['greedy']['past_parting_error']}",
+                  flush=True)
     except Stopped as exc:  # what the servers gave is written all the same
         doc["stopped"] = doc.get("stopped") or f"{exc} while HF's reference was computed"
         doc["greedy"]["hf_error"] = f"not judged: {doc['stopped']}"
@@ -1053,7 +1094,31 @@ def greedy_table(doc):
                          + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']} | "
                          f"{num(served)}{tie} | {num(r.get('served_noise'))} / "
                          f"{num(r.get('witness_noise'))} |")
-    return "\n".join(lines)
+    return "\n".join(lines + _past_parting_table(greedy, num))
+
+
+def _past_parting_table(greedy, num):
+    """Past each first parting: the steps where a server's token is not HF's pick on the
+    server's own context (`past_parting`)."""
+    if "past_parting_error" in greedy:
+        return ["", f"past the first parting: not judged ({greedy['past_parting_error'][:300]})"]
+    rows = greedy.get("past_parting")
+    if not rows:
+        return []
+    lines = ["", "past the first parting: HF fp32 along each server's own ids; every later step "
+             "where the served token is not HF's pick there", "",
+             "| configuration | prompt | steps judged | not HF's pick: step HF / served token, "
+             "HF margin over served (bound): verdict |", "|---|---|---|---|"]
+    for name, prompts in rows.items():
+        for r in prompts:
+            found = "; ".join(
+                f"{d['step']} {d['hf_token']} / {d['served_token']}, "
+                + (num(d["margin"]) if d["margin_at_least"] is None
+                   else f"> {num(d['margin_at_least'])}")
+                + f" ({num(d['bound'])}): {d['verdict']}" for d in r["departures"])
+            lines.append(f"| {name} | {r['prompt']} | {r['from_step']}-{r['from_step'] + r['steps'] - 1}"
+                         f" | {found or 'none: HF picks the served token at each'} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -156,6 +156,31 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
     precision measures there (module docstring; 0.0 without a witness) and the ids and logits a
     near-tie can reach (`kept_logits`). The fp32 model and a bf16/fp16 witness model are on
     ``device`` one after the other, never together."""
+    def greedy(model):
+        runs = [_generate(model, p, new_tokens, device, logits=True) for p in prompts]
+        return [logits for _, logits in runs], [(p, ids) for p, (ids, _) in zip(prompts, runs, strict=True)]
+
+    rows, sequences = _fp32_and_witness(model_path, greedy, device, witness)
+    return [{"ids": ids, "steps": steps} for (_, ids), steps in zip(sequences, rows, strict=True)]
+
+
+def hf_along(model_path, paths, *, device: str = "cpu",
+             witness: str | None = "bfloat16") -> list[dict]:
+    """Per ``(prompt, ids)`` of ``paths``: HF's fp32 logits teacher-forced along ``ids`` (step j
+    given the prompt and ``ids[:j]``) and the witness' noise there, as `hf_reference`'s steps.
+    Past a served sequence's first parting from HF's ids its context is its own, which HF's
+    reference does not cover: `judge_along` judges those steps by these."""
+    def forced(model):
+        return [_step_logits(model, p, ids, device) for p, ids in paths], list(paths)
+
+    rows, _ = _fp32_and_witness(model_path, forced, device, witness)
+    return [{"steps": steps} for steps in rows]
+
+
+def _fp32_and_witness(model_path, fp32_rows, device, witness):
+    """(per sequence, `_steps` of its fp32 logits and the witness' noise; the sequences):
+    ``fp32_rows(model)`` gives the fp32 logits and the (prompt, ids) sequences they are of,
+    with full-fp32 GEMMs; the witness then runs teacher-forced on those sequences."""
     import torch
 
     if witness is not None and witness not in WITNESSES:
@@ -166,8 +191,7 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
     model = load_hf_model(model_path, "float32", device)
     with torch.no_grad():
         with _matmul_precision(tf32=False):
-            runs = [_generate(model, p, new_tokens, device, logits=True) for p in prompts]
-        sequences = [(p, ids) for p, (ids, _) in zip(prompts, runs, strict=True)]
+            logits, sequences = fp32_rows(model)
         if witness == "tf32":
             with _matmul_precision(tf32=True):
                 seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
@@ -178,13 +202,15 @@ def hf_reference(model_path, prompts, new_tokens: int, *, device: str = "cpu",
             seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
             del model
             free_device_memory(device)
-    out = []
-    for i, (ids, logits) in enumerate(runs):
-        # Centred: a shift of every logit alike moves no argmax.
-        noise = (seen[i] - logits).std(dim=-1).tolist() if seen else [0.0] * len(ids)
-        out.append({"ids": ids, "steps": [{**kept_logits(logits[j], near_tie_bound(noise[j])),
-                                           "noise": noise[j]} for j in range(len(ids))]})
-    return out
+    return [_steps(row, seen[i] if seen else None) for i, row in enumerate(logits)], sequences
+
+
+def _steps(logits, seen) -> list[dict]:
+    """Per step (row): the kept fp32 logits and the witness' noise (0.0 without one)."""
+    # Centred: a shift of every logit alike moves no argmax.
+    noise = (seen - logits).std(dim=-1).tolist() if seen is not None else [0.0] * len(logits)
+    return [{**kept_logits(logits[j], near_tie_bound(noise[j])), "noise": noise[j]}
+            for j in range(len(logits))]
 
 
 def kept_logits(row, bound: float) -> dict:
@@ -232,13 +258,8 @@ def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
     The entries say ``"cached": True`` when they came from the file. Without
     ``compute_missing`` (a run with no time left) a prompt not in the file is a `LookupError`."""
     cache = Path(cache)
-    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K,
-              "max_kept": MAX_KEPT}
-    doc = {}
-    if cache.exists():
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(cache.read_text(encoding="utf-8"))
-    entries = doc.get("prompts", {}) if {k: doc.get(k) for k in header} == header else {}
+    header, doc = _read_cache(cache, model_path, witness)
+    entries = doc.get("prompts", {})
     usable = {k: e for k, e in entries.items() if len(e.get("ids", ())) >= new_tokens}
     missing = [p for p in dict.fromkeys(map(tuple, prompts)) if prompt_key(p) not in usable]
     if missing and not compute_missing:
@@ -247,8 +268,7 @@ def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
     if missing:
         fresh = hf_reference(model_path, missing, new_tokens, device=device, witness=witness)
         entries = {**entries, **{prompt_key(p): e for p, e in zip(missing, fresh, strict=True)}}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({**header, "prompts": entries}), encoding="utf-8")
+        _write_cache(cache, {**doc, **header, "prompts": entries})
     new = {prompt_key(p) for p in missing}
     out = []
     for p in prompts:
@@ -256,6 +276,44 @@ def cached_hf_reference(cache: Path, model_path, prompts, new_tokens: int, *,
         out.append({"ids": e["ids"][:new_tokens], "steps": e["steps"][:new_tokens],
                     "cached": prompt_key(p) not in new})
     return out
+
+
+def cached_hf_along(cache: Path, model_path, paths, *, device: str = "cpu",
+                    witness: str | None = "bfloat16", compute_missing: bool = True) -> list[dict]:
+    """`hf_along` of ``paths`` through the same JSON file as `cached_hf_reference` (its
+    ``along`` section, keyed by prompt and ids): a path already there for this checkpoint and
+    witness is reused. Without ``compute_missing`` a path not in the file is a `LookupError`."""
+    cache = Path(cache)
+    header, doc = _read_cache(cache, model_path, witness)
+    entries = doc.get("along", {})
+    keys = [f"{prompt_key(p)}|{prompt_key(ids)}" for p, ids in paths]
+    new = [k for k in dict.fromkeys(keys) if k not in entries]
+    if new and not compute_missing:
+        raise LookupError(f"HF's logits along {len(new)} of the {len(paths)} served sequences are "
+                          f"not in {cache} for this checkpoint and witness, and were not computed")
+    if new:
+        fresh = hf_along(model_path, [paths[keys.index(k)] for k in new], device=device,
+                         witness=witness)
+        entries = {**entries, **dict(zip(new, fresh, strict=True))}
+        _write_cache(cache, {**doc, **header, "along": entries})
+    return [entries[k] for k in keys]
+
+
+def _read_cache(cache: Path, model_path, witness) -> tuple[dict, dict]:
+    """(the header this checkpoint and witness need, the cache file's document if it has that
+    header, else {})."""
+    header = {"checkpoint": checkpoint_identity(model_path), "witness": witness, "top_k": TOP_K,
+              "max_kept": MAX_KEPT}
+    doc = {}
+    if cache.exists():
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(cache.read_text(encoding="utf-8"))
+    return header, (doc if {k: doc.get(k) for k in header} == header else {})
+
+
+def _write_cache(cache: Path, doc: dict) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(doc), encoding="utf-8")
 
 
 def near_tie_bound(noise: float) -> float:
@@ -276,25 +334,42 @@ def judge(got, reference: dict) -> dict:
     DEFECT beyond it or beyond a complete kept set, else undecided (module docstring)."""
     want = reference["ids"]
     step = first_parting(got, want)
-    out = {"equal": step is None, "step": step, "hf_token": None, "served_token": None,
-           "gap": None, "margin": None, "margin_at_least": None, "noise": None, "bound": None,
-           "kept": None, "verdict": EQUAL}
     if step is None:
-        return out
-    at = reference["steps"][step]
+        return {"equal": True, "step": None, "hf_token": None, "served_token": None, "gap": None,
+                "margin": None, "margin_at_least": None, "noise": None, "bound": None,
+                "kept": None, "verdict": EQUAL}
+    return {"equal": False, "step": step, **_verdict(reference["steps"][step], want[step], got[step])}
+
+
+def _verdict(at: dict, want: int, got: int) -> dict:
+    """One step ``at`` (kept logits and noise) where the served token ``got`` is not HF's
+    ``want``: HF's top-1/top-2 gap, its margin over ``got`` (or the least it can be), the bound
+    and the verdict (`judge`)."""
     logit = dict(zip(at["top_ids"], at["top_logits"], strict=True))
-    best = logit[want[step]]
-    others = [v for t, v in logit.items() if t != want[step]]
+    best = logit[want]
+    others = [v for t, v in logit.items() if t != want]
     bound = near_tie_bound(at["noise"])
-    margin = best - logit[got[step]] if got[step] in logit else None
+    margin = best - logit[got] if got in logit else None
     least = None if margin is not None else best - min(at["top_logits"])
     if margin is not None:
         verdict = NEAR_TIE if margin <= bound else DEFECT
     else:  # a reference cached before `complete` existed kept the top 8 only
         verdict = DEFECT if at.get("complete", False) or least > bound else UNDECIDED
-    out.update(hf_token=want[step], served_token=got[step],
-               gap=best - max(others) if others else None, margin=margin, margin_at_least=least,
-               noise=at["noise"], bound=bound, kept=len(logit), verdict=verdict)
+    return {"hf_token": want, "served_token": got, "gap": best - max(others) if others else None,
+            "margin": margin, "margin_at_least": least, "noise": at["noise"], "bound": bound,
+            "kept": len(logit), "verdict": verdict}
+
+
+def judge_along(got, along: dict, start: int) -> list[dict]:
+    """Each step of ``got`` from ``start`` on where the served token is not HF's argmax given
+    the served prefix (`hf_along`), with its `_verdict`: past the first parting from HF's ids
+    every later step is judged on the server's own context, so two configurations that leave
+    HF alike and then part from each other are judged there too."""
+    out = []
+    for j in range(start, min(len(got), len(along["steps"]))):
+        at = along["steps"][j]
+        if got[j] != at["top_ids"][0]:
+            out.append({"step": j, **_verdict(at, at["top_ids"][0], got[j])})
     return out
 
 

@@ -53,3 +53,23 @@ def test_a_served_runner_up_is_judged_by_hfs_margin(reference):
     assert (v["step"], v["served_token"]) == (step, at["top_ids"][1])
     assert v["margin"] == pytest.approx(at["top_logits"][0] - at["top_logits"][1]) == v["gap"]
     assert v["bound"] == pytest.approx(hr.near_tie_bound(at["noise"])) and v["bound"] > 0
+
+
+def test_hfs_logits_along_a_served_path_that_left_hfs_ids(tiny_model, prompt_ids, reference):
+    """`hf_along` on the real checkpoint: along HF's own ids its argmax is HF's next id at every
+    step; along ids that took HF's runner-up at step 2, each later step holds HF's own logits
+    given that served prefix, which `judge_along` judges against."""
+    ref, step = reference[0], 2
+    served = ref["ids"][:step] + [ref["steps"][step]["top_ids"][1]]
+    own, path = hr.hf_along(tiny_model, [(prompt_ids[0], ref["ids"]),
+                                         (prompt_ids[0], served + [0, 0, 0])], witness="bfloat16")
+    assert [s["top_ids"][0] for s in own["steps"]] == ref["ids"]
+    model = hr.load_hf_model(tiny_model)
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt_ids[0]) + served])).logits[0, -1]
+    at = path["steps"][step + 1]
+    assert at["top_ids"][0] == int(logits.argmax())
+    assert at["top_logits"] == pytest.approx(logits.topk(len(at["top_ids"])).values.tolist(), abs=1e-4)
+    assert 0 < at["noise"]
+    got = served + [int(logits.argmax())]
+    assert hr.judge_along(got, path, start=step + 1) == []

@@ -501,6 +501,49 @@ def test_greedy_check_judges_each_prompt_and_fails_the_run_on_a_defect(tmp_path,
     assert e2e_bench.exit_status(doc) == 0
 
 
+def test_past_the_first_parting_the_later_steps_are_judged_on_each_servers_context():
+    """Two configurations leave HF's ids alike at step 1, then part from each other at step 3:
+    HF along each one's own ids judges step 3 (a near-tie for one, HF's pick for the other);
+    a configuration equal to HF, or parting at its last step, asks HF for nothing."""
+    def step(top, logits, noise=0.1):
+        return {"top_ids": top, "top_logits": logits, "noise": noise}
+
+    ref = [{"ids": [1, 2, 3, 4], "steps": [step([1, 9], [5.0, 1.0]), step([2, 7], [5.0, 4.95]),
+                                           step([3, 9], [5.0, 1.0]), step([4, 9], [5.0, 4.9])]}]
+    served = {"native": [[1, 7, 5, 6]], "fl": [[1, 7, 5, 8]], "same": [[1, 2, 3, 4]],
+              "last": [[1, 2, 3, 9]]}
+    verdicts = e2e_bench.greedy_verdicts(served, ref)
+    assert [verdicts[n][0]["step"] for n in served] == [1, 1, None, 3]
+    along_of = {(1, 7, 5, 6): [step([1], [1.0])] * 2 + [step([5, 6], [3.0, 1.0]), step([6, 8], [3.0, 2.98])],
+                (1, 7, 5, 8): [step([1], [1.0])] * 2 + [step([5, 6], [3.0, 1.0]), step([6, 8], [3.0, 2.0])]}
+    asked = []
+
+    def along(paths):
+        asked.append(paths)
+        return [{"steps": along_of[tuple(ids)]} for _, ids in paths]
+
+    rows = e2e_bench.past_parting(served, verdicts, [[100, 101]], along)
+    assert asked == [[([100, 101], [1, 7, 5, 6]), ([100, 101], [1, 7, 5, 8])]]
+    assert rows["native"] == [{"prompt": 0, "from_step": 2, "steps": 2, "departures": []}]
+    (d,) = rows["fl"][0]["departures"]
+    assert (d["step"], d["hf_token"], d["served_token"], d["verdict"]) == (3, 6, 8, "DEFECT")
+    assert d["margin"] == pytest.approx(1.0)
+    doc = {"greedy": {"verdicts": verdicts, "past_parting": rows, "hf_reference": {}}}
+    assert e2e_bench.exit_status(doc) == 1
+    table = e2e_bench.greedy_table(doc)
+    assert "| native | 0 | 2-3 | none: HF picks the served token at each |" in table
+    assert "| fl | 0 | 2-3 | 3 6 / 8, 1 (0.5657): DEFECT |" in table
+    along_of[(1, 7, 5, 8)][3] = step([6, 8], [3.0, 2.9])  # within 0.566: a near-tie
+    rows = e2e_bench.past_parting(served, verdicts, [[100, 101]], along)
+    assert rows["fl"][0]["departures"][0]["verdict"] == "near-tie"
+    assert e2e_bench.exit_status({"greedy": {"verdicts": verdicts, "past_parting": rows}}) == 0
+    assert e2e_bench.exit_status({"greedy": {"verdicts": verdicts,
+                                             "past_parting_error": "not judged: SIGTERM"}}) == 1
+    assert e2e_bench.past_parting({"same": served["same"]}, {"same": verdicts["same"]},
+                                  [[100, 101]], along) == {}
+    assert len(asked) == 2  # nothing to ask HF the last time
+
+
 def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
     equal = {"prompt": 0, "equal": True, "verdict": "equal"}
     near = {"prompt": 0, "equal": False, "verdict": "near-tie"}

@@ -229,3 +229,60 @@ def test_the_servers_own_logprobs_show_a_tie_and_its_rounding_noise():
     assert hr.served_evidence([5, 8], [top[0], [[8, -0.1]]], ref)["served_margin"] is None
     assert hr.served_evidence([5], [], ref) == {"served_margin": None, "served_noise": None,
                                                 "witness_noise": None, "noise_pairs": 0}
+
+
+def along(steps):
+    """`hf_along`'s entry: per step (top ids, top logits, noise) on the served context."""
+    return {"steps": [{"top_ids": t, "top_logits": v, "noise": n} for t, v, n in steps]}
+
+
+def test_past_the_first_parting_each_step_is_judged_on_the_servers_own_context():
+    # The served ids leave HF's at step 1 (judged by `judge`); from step 2 on, HF's logits
+    # along the served ids say what HF would pick there.
+    path = along([([5, 9], [3.0, 2.0], 0.1), ([8, 6], [4.0, 3.9], 0.1),
+                  ([3, 4], [5.0, 4.95], 0.1),   # served 4: within 0.566 of HF's 3
+                  ([2, 7], [6.0, 4.0], 0.1),    # served 2: HF's own pick there
+                  ([1, 6], [2.0, 1.0], 0.1)])   # served 6: 1.0 behind, a defect
+    got = [5, 8, 4, 2, 6]
+    rows = hr.judge_along(got, path, start=2)
+    assert [(r["step"], r["hf_token"], r["served_token"], r["verdict"]) for r in rows] == [
+        (2, 3, 4, hr.NEAR_TIE), (4, 1, 6, hr.DEFECT)]
+    assert rows[0]["margin"] == pytest.approx(0.05) and rows[1]["margin"] == pytest.approx(1.0)
+    assert hr.judge_along(got, path, start=5) == []
+    assert hr.judge_along([5, 8, 3, 2, 1], path, start=2) == []  # HF's picks all along
+
+
+class FakeAlong:
+    """Stands in for `hf_along`: records the (prompt, ids) paths it was asked for."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model_path, paths, *, device, witness):
+        self.calls.append([(list(p), list(ids)) for p, ids in paths])
+        return [along([([t], [1.0], 0.01) for t in ids]) for _, ids in paths]
+
+
+def test_the_cache_holds_hfs_logits_along_served_ids_beside_its_reference(tmp_path, checkpoint,
+                                                                         monkeypatch):
+    fake_ref, fake_along = FakeHF(), FakeAlong()
+    monkeypatch.setattr(hr, "hf_reference", fake_ref)
+    monkeypatch.setattr(hr, "hf_along", fake_along)
+    cache = tmp_path / "hf-reference.json"
+    hr.cached_hf_reference(cache, checkpoint, [[10, 1]], 3)
+    paths = [([10, 1], [10, 12, 13]), ([10, 1], [10, 12, 14]), ([10, 1], [10, 12, 13])]
+    got = hr.cached_hf_along(cache, checkpoint, paths, witness="bfloat16")
+    assert fake_along.calls == [[([10, 1], [10, 12, 13]), ([10, 1], [10, 12, 14])]]  # once each
+    assert [[s["top_ids"][0] for s in g["steps"]] for g in got] == [ids for _, ids in paths]
+
+    # Both sections survive each other's writes; a path already there is not computed again.
+    hr.cached_hf_reference(cache, checkpoint, [[20, 2]], 3)
+    assert len(fake_ref.calls) == 2
+    hr.cached_hf_along(cache, checkpoint, paths[:2], compute_missing=False)
+    assert hr.cached_hf_reference(cache, checkpoint, [[10, 1], [20, 2]], 3)[0]["cached"]
+    with pytest.raises(LookupError, match="along 1 of the 1 served sequences .*not computed"):
+        hr.cached_hf_along(cache, checkpoint, [([20, 2], [20, 5, 6])], compute_missing=False)
+
+    # Another witness: neither section is reused.
+    hr.cached_hf_along(cache, checkpoint, paths[:1], witness="tf32")
+    assert len(fake_along.calls) == 2
