@@ -34,7 +34,7 @@ from e2e_support import (
     standin_calls_in,
 )
 
-from sglang_fl.models.hf_reference import ACCEPTED, hf_reference, judge
+from sglang_fl.models.hf_reference import ACCEPTED, hf_along, hf_reference, judge, judge_along
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
@@ -97,14 +97,23 @@ def test_empty_install_serves_moe_on_cuda_with_flaggems(moe_model, moe_prompt_id
     assert not [line for line in lines if "left to SGLang" in line], lines
     assert "[OOT-DISPATCH] TopK → flagos(flagos)" in lines, lines
     assert "[OOT-DISPATCH] UnquantizedFusedMoEMethod → flagos(flagos)" in lines, lines
-    _check_near_ties(got, ref)
+    _check_near_ties(got, ref, moe_model, moe_prompt_ids)
 
 
-def _check_near_ties(got, ref):
+def _check_near_ties(got, ref, model, prompts):
     """Greedy ids equal HF's over the reference's steps, or part where HF's own top logits are
-    within the rounding its witness measured there (sglang_fl/models/hf_reference.py)."""
+    within the rounding its witness measured there (sglang_fl/models/hf_reference.py); past a
+    parting, every later step is judged so along the served ids (`judge_along`)."""
     verdicts = [judge(g, r) for g, r in zip(got, ref, strict=True)]
     assert not [v for v in verdicts if v["verdict"] not in ACCEPTED], verdicts
+    later = [(p, g[:len(r["ids"])], v["step"] + 1)
+             for p, g, r, v in zip(prompts, got, ref, verdicts, strict=True)
+             if v["step"] is not None and v["step"] + 1 < min(len(g), len(r["ids"]))]
+    if later:
+        along = hf_along(model, [(p, g) for p, g, _ in later], device="cuda", witness="tf32")
+        bad = [d for (_, g, start), a in zip(later, along, strict=True)
+               for d in judge_along(g, a, start) if d["verdict"] not in ACCEPTED]
+        assert not bad, bad
 
 
 #: SGLang's GDN kernel entry points on a GPU (ledger route:gdn-kernels); the decode one is
@@ -153,7 +162,7 @@ def test_empty_install_serves_a_hybrid_with_every_gdn_op_through_the_dispatch(tm
     print("served:", got, "\nhf:", [r["ids"] for r in ref], "\ndispatch:", lines)
     assert standin_calls_in(log) == []
     _check_gdn_routed(lines, "tiny-hybrid")
-    _check_near_ties(got, ref)
+    _check_near_ties(got, ref, model, prompts)
 
 
 def test_empty_install_serves_the_27b_shaped_hybrid(tmp_path_factory, tmp_path):
