@@ -6,7 +6,8 @@ Two callers share these functions, so the image entrypoint and a plain
 
 - the image entrypoint runs this module before ``launch_server`` (below);
 - the plugin runs `check_model_path` when SGLang builds its ``ServerArgs``
-  (``sglang_glue/startup_checks.py``) and `load_settings` when SGLang loads it.
+  (``sglang_glue/startup_checks.py``), `load_settings` when SGLang loads it and
+  `check_http_port` when ``launch_server`` is called (compat ``fix:http_port_in_use``).
 
 A container that is given a bad model path, a bad ``SGLANG_FL_*`` value or a leader it cannot
 reach should stop within seconds, never sit in a retry loop (SGLang would try to download a
@@ -16,7 +17,8 @@ default, for a leader that is not there).
 
     python -m sglang_fl.preflight [--leader-timeout S] -- LAUNCH_SERVER_ARGS...
 
-Exit status: 0 fine, 2 bad configuration or model path, 3 the leader cannot be reached.
+Exit status: 0 fine, 2 bad configuration, model path or a taken HTTP port, 3 the leader cannot
+be reached.
 Standard library, sglang_fl's settings and (for the Hub cache) huggingface_hub where it is
 installed: no torch, no SGLang import (it runs in ~0.2 s).
 """
@@ -24,6 +26,7 @@ installed: no torch, no SGLang import (it runs in ~0.2 s).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import socket
@@ -39,6 +42,8 @@ REMOTE_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 MODEL_CONFIG_FILES = ("config.json", "params.json")
 #: ``--model-path`` values SGLang takes for "no model" (its own argument tests use them).
 DUMMY_MODELS = ("none", "dummy")
+#: launch_server's ``--host`` / ``--port`` when not given.
+SGLANG_DEFAULT_HOST, SGLANG_DEFAULT_PORT = "127.0.0.1", 30000
 
 
 class PreflightError(ValueError):
@@ -59,6 +64,8 @@ def _server_options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    parser.add_argument("--host", default=SGLANG_DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=SGLANG_DEFAULT_PORT)
     ns, _ = parser.parse_known_args(argv)
     return ns
 
@@ -168,6 +175,42 @@ def _unreadable(path: str) -> list[str]:
     return [f for f in files if not os.access(f, os.R_OK)]
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why an HTTP server cannot listen on ``host:port`` now, or None: each address ``host``
+    resolves to is bound as uvicorn binds it (SO_REUSEADDR, IPv6 only on IPv6), then released.
+    Only EADDRINUSE counts; any other error (an address this host lacks) is left to the server,
+    which reports it itself."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, OverflowError):
+        return None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return f"{addr[0]}:{addr[1]}: address already in use"
+    return None
+
+
+def check_http_port(host: str | None, port: int | None) -> str:
+    """Refuse an HTTP ``--host``/``--port`` that another process holds: SGLang would load the
+    model first and then wait in its warm-up for up to 12 minutes (compat ``fix:http_port_in_use``
+    ends that wait when the port is taken later, during the load)."""
+    host = SGLANG_DEFAULT_HOST if host is None else host
+    port = SGLANG_DEFAULT_PORT if port is None else port
+    problem = port_in_use(host, port)
+    if problem:
+        raise PreflightError(f"--port {port} (--host {host}) cannot be served: {problem}, by "
+                             "another process. Stop that process or pass another --port")
+    return f"port {host}:{port} free"
+
+
 def split_host_port(addr: str) -> tuple[str, int]:
     m = re.match(r"^\[(?P<h6>[^]]+)\]:(?P<p6>\d+)$|^(?P<h>[^:]+):(?P<p>\d+)$", addr)
     if not m:
@@ -204,7 +247,8 @@ def wait_for_leader(addr: str, rank: int, timeout: float, log=print) -> str:
 
 def run_checks(argv: list[str], leader_timeout: float, log=print) -> list[str]:
     opts = _server_options(argv)
-    notes = [check_settings(), check_model_path(opts.model_path, opts.revision)]
+    notes = [check_settings(), check_model_path(opts.model_path, opts.revision),
+             check_http_port(opts.host, opts.port)]
     if opts.nnodes > 1 and opts.node_rank > 0:
         if not opts.dist_init_addr:
             raise PreflightError(f"node {opts.node_rank} of {opts.nnodes} needs --dist-init-addr "

@@ -151,6 +151,15 @@ can be removed. Nothing outside this package patches SGLang's imports. The entri
    that fails, SGLang's Python TreeCore, with one warning naming why (`fixes`). A user's
    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is kept. ``sglang-fl doctor`` shows the decision.
    Upstream: none. Remove when SGLang checks its prebuilt extension against the running torch.
+21. ``fix:http_port_in_use`` (every SGLang version, ``entrypoints/http_server.py``) -- a server
+   whose HTTP port is taken loads the model, fails uvicorn's bind, and then waits up to 12
+   minutes: uvicorn's lifespan shutdown joins SGLang's warm-up thread, which polls the taken port
+   120 times before killing the process tree; one uvicorn error line is all it shows (seen on
+   CPU, 2026-12-06). How: wrap ``launch_server`` to refuse a taken ``--host``/``--port`` before
+   anything starts (`sglang_fl.preflight.check_http_port`, which the image entrypoint runs too),
+   and ``uvicorn.Server.startup`` of SGLang's app to stop the children and exit 1 with one error
+   when the port was taken while the model loaded (`fixes`). Upstream: none. Remove when SGLang
+   binds its port before loading, or its lifespan stops waiting on a failed bind.
 
 Activation (`activate`) happens in every process at the first ``import sglang``, through the
 ``.pth`` hook in `bootstrap`; see docs/empty-mode.md. The ``fix:`` entries are installed first,
@@ -278,6 +287,12 @@ LEDGER: tuple[Patch, ...] = (
           "a fresh Rust core once per process; on failure SGLang's Python TreeCore, warned once; "
           "the user's SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND kept", "none",
           "SGLang checks its prebuilt extension against the running torch"),
+    Patch("fix:http_port_in_use", "a taken HTTP port is found only after the model loaded, "
+          "and then uvicorn's lifespan shutdown joins SGLang's warm-up thread, which polls the "
+          "taken port for up to 12 minutes", "wrap launch_server (refuse a taken --host/--port "
+          "before anything starts) and uvicorn.Server.startup of SGLang's app (stop the "
+          "children and exit 1 when it was taken during the load)", "none",
+          "SGLang binds its port before loading, or stops waiting on a failed bind"),
     Patch("swap:is_arch_support_pdl", "0.5.23's Triton attention backend asks sgl_kernel about "
           "PDL on CUDA hosts", "rebind it to answer no when sgl_kernel is absent", "none",
           "SGLang guards the sgl_kernel call"),

@@ -45,6 +45,18 @@ and picks SGLang's Python TreeCore when that fails, with one warning naming why.
 user named (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``, or a cache's own override) is kept.
 ``sglang-fl doctor`` shows the same decision. Remove when SGLang checks the ABI of its
 prebuilt extension itself.
+
+``http_port_in_use`` (every SGLang version): SGLang binds its HTTP port only after the model
+loaded, inside uvicorn's start-up, which first runs SGLang's lifespan; that starts the warm-up
+thread. When the bind fails (another process took the port), uvicorn shuts the lifespan down,
+whose ``finally`` joins the warm-up thread, and that thread polls ``/model_info`` on the taken
+port 120 times (1 s apart, each up to 5 s) before it kills the process tree: the server sits
+for up to 12 minutes with no sign but one uvicorn error line (seen on CPU, 2026-12-06; a CI run
+timed out on it). Two checks, both with `sglang_fl.preflight.port_in_use`: ``launch_server``
+refuses a taken ``--host``/``--port`` before anything starts (`check_http_port`); uvicorn's
+``Server.startup`` of SGLang's app, just before the lifespan, ends the process at once with one
+error (the children stopped, status 1) when the port was taken while the model loaded. Only
+the instant between that check and uvicorn's own bind is left to SGLang's behaviour.
 """
 
 from __future__ import annotations
@@ -55,6 +67,8 @@ import inspect
 import logging
 import os
 import sys
+
+from sglang_fl.preflight import check_http_port, port_in_use
 
 logger = logging.getLogger("sglang_fl.compat")
 
@@ -279,6 +293,68 @@ def fix_rust_tree_core(module) -> None:
                  module.__name__)
 
 
+def http_server_module() -> str:
+    from sglang_fl.sglang_glue.adapters import get_adapter
+
+    return get_adapter().MODULES["http_server"]
+
+
+def _exit_port_taken(host: str, port: int, problem: str, kill) -> None:
+    logger.error("cannot serve HTTP on --host %s --port %s: %s, taken by another process while "
+                 "the model loaded; stopping now instead of in SGLang's warm-up, up to 12 "
+                 "minutes later (sglang-fl fix http_port_in_use). Pass a free --port",
+                 host, port, problem)
+    try:
+        kill(os.getpid(), include_parent=False)
+    except Exception as exc:  # noqa: BLE001 - exit 1 either way; say why a child may remain
+        logger.warning("stopping the children: %s", exc)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def fix_http_port_in_use(module) -> None:
+    """``after`` hook of SGLang's http_server module (idempotent)."""
+    import uvicorn
+
+    launch = getattr(module, "launch_server", None)
+    kill = getattr(module, "kill_process_tree", None)
+    startup = getattr(getattr(uvicorn, "Server", None), "startup", None)
+    if not callable(launch) or kill is None or not inspect.iscoroutinefunction(startup):
+        raise RuntimeError(
+            f"sglang-fl fix http_port_in_use: {module.__name__}.launch_server, "
+            f"{module.__name__}.kill_process_tree or uvicorn.Server.startup (coroutine) no longer "
+            "exists; check how SGLang binds its HTTP port and update sglang_fl/compat/fixes.py")
+    if getattr(launch, FIXED_MARK, False):
+        return
+
+    @functools.wraps(launch)
+    def launch_server(server_args, *args, **kwargs):
+        check_http_port(server_args.host, server_args.port)
+        return launch(server_args, *args, **kwargs)
+
+    if not getattr(startup, FIXED_MARK, False):
+        @functools.wraps(startup)
+        async def checked_startup(self, sockets=None):
+            config = self.config
+            # SGLang's own app, on a host and port uvicorn binds itself (not a worker of the
+            # multi-process mode, which gets its parent's socket, nor a UNIX socket).
+            if (config.app is getattr(module, "app", None) and sockets is None
+                    and config.fd is None and config.uds is None):
+                problem = port_in_use(config.host, config.port)
+                if problem:
+                    _exit_port_taken(config.host, config.port, problem, kill)
+            return await startup(self, sockets)
+
+        setattr(checked_startup, FIXED_MARK, True)
+        uvicorn.Server.startup = checked_startup
+    setattr(launch_server, FIXED_MARK, True)
+    module.launch_server = launch_server
+    applied.append("http_port_in_use")
+    logger.debug("fix: %s: a taken HTTP port stops the server at once", module.__name__)
+
+
 def install() -> None:
     from sglang_fl.compat.module_hooks import add_hook
     from sglang_fl.sglang_glue.adapters import get_adapter
@@ -286,6 +362,7 @@ def install() -> None:
     add_hook(tokenizer_manager_module(), after=fix_request_state_leak)
     add_hook(tokenizer_manager_module(), after=fix_sigterm_exit_status)
     add_hook(xgrammar_backend_module(), after=fix_grammar_mask_device)
+    add_hook(http_server_module(), after=fix_http_port_in_use)
     registry = get_adapter().TREE_CORE_REGISTRY
     if registry is not None:
         add_hook(registry, after=fix_rust_tree_core)

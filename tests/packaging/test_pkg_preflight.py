@@ -16,7 +16,17 @@ from pkg_helpers import run
 from sglang_fl import preflight
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def preflight_cli(*args: str, **env: str):
+    """The preflight on ``args``; with a free ``--port`` where they name none (the default,
+    30000, may be in use on a developer's host)."""
+    if "--" in args and not any(a.split("=")[0] == "--port" for a in args):
+        args = (*args, "--port", str(free_port()))
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
     return run([sys.executable, "-m", "sglang_fl.preflight", *args], env={**clean, **env},
                timeout=60)
@@ -145,3 +155,29 @@ def test_a_worker_goes_on_once_its_leader_listens_and_the_leader_never_waits(mod
     assert preflight.split_host_port("[fd00::1]:50000") == ("fd00::1", 50000)
     with pytest.raises(preflight.PreflightError, match="is not HOST:PORT"):
         preflight.split_host_port("node0")
+
+
+def test_a_taken_http_port_is_refused_with_the_address_and_the_fix(model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert preflight.port_in_use("127.0.0.1", port) == \
+            f"127.0.0.1:{port}: address already in use"
+        assert preflight.port_in_use("0.0.0.0", port) == f"0.0.0.0:{port}: address already in use"
+        r = preflight_cli("--", "--model-path", str(model), "--host", "127.0.0.1",
+                          f"--port={port}")
+        assert r.returncode == 2, r.stderr
+        assert (f"sglang-fl preflight: error: --port {port} (--host 127.0.0.1) cannot be served: "
+                f"127.0.0.1:{port}: address already in use, by another process. Stop that "
+                "process or pass another --port") in r.stderr
+    # Free again. A socket bound with SO_REUSEADDR that does not listen (as one in TIME_WAIT)
+    # does not stop uvicorn's bind, so it is not "in use"; nor is an address this host lacks
+    # (the server reports that itself).
+    assert preflight.port_in_use("127.0.0.1", port) is None
+    with socket.socket() as bound:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(("127.0.0.1", port))
+        assert preflight.port_in_use("127.0.0.1", port) is None
+    assert preflight.port_in_use("no-such-host.invalid", port) is None
+    assert preflight.check_http_port(None, port) == f"port 127.0.0.1:{port} free"

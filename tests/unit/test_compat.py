@@ -578,3 +578,12 @@ def test_grammar_mask_fix_keeps_sglangs_devices_and_masks_the_others_in_torch():
 
     with pytest.raises(RuntimeError, match=r"XGrammarGrammar\.apply_vocab_mask.*compat/fixes\.py"):
         fixes.fix_grammar_mask_device(types.ModuleType("empty"))
+
+
+def test_http_port_fix_fails_loudly_when_its_target_is_gone():
+    import types
+
+    from sglang_fl.compat import fixes
+
+    with pytest.raises(RuntimeError, match=r"launch_server.*compat/fixes\.py"):
+        fixes.fix_http_port_in_use(types.ModuleType(fixes.http_server_module()))

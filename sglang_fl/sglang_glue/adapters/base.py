@@ -141,6 +141,7 @@ class SGLangAdapter:
         "tokenizer_manager": "sglang.srt.managers.tokenizer_manager",
         "req_time_stats": "sglang.srt.observability.req_time_stats",
         "xgrammar_backend": "sglang.srt.constrained.xgrammar_backend",
+        "http_server": "sglang.srt.entrypoints.http_server",
     }
     #: Device types whose grammar masks SGLang's xgrammar backend applies itself (any other
     #: raises "Unsupported device"; compat fix ``grammar_mask_device`` covers them).
