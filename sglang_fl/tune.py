@@ -549,10 +549,7 @@ def default_tokens(buckets) -> dict[str, tuple[int, ...]]:
     out, lo = {}, 0
     for name, hi in buckets:
         if hi is None:
-            base = max(lo, 1)
-            counts = {base * 4, base * 32} if lo else {1, 256}
-            if lo and SERVED_PREFILL_CHUNK > lo:
-                counts.add(SERVED_PREFILL_CHUNK)
+            counts = {c for c in (lo * 4, lo * 32, SERVED_PREFILL_CHUNK) if c > lo} if lo else {1, 256}
             out[name] = tuple(sorted(counts))
         else:
             out[name] = tuple(dict.fromkeys((lo + 1, hi)))

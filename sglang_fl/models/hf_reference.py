@@ -287,12 +287,13 @@ def cached_hf_along(cache: Path, model_path, paths, *, device: str = "cpu",
     header, doc = _read_cache(cache, model_path, witness)
     entries = doc.get("along", {})
     keys = [f"{prompt_key(p)}|{prompt_key(ids)}" for p, ids in paths]
+    by_key = dict(zip(keys, paths, strict=True))  # equal keys: equal paths
     new = [k for k in dict.fromkeys(keys) if k not in entries]
     if new and not compute_missing:
         raise LookupError(f"HF's logits along {len(new)} of the {len(paths)} served sequences are "
                           f"not in {cache} for this checkpoint and witness, and were not computed")
     if new:
-        fresh = hf_along(model_path, [paths[keys.index(k)] for k in new], device=device,
+        fresh = hf_along(model_path, [by_key[k] for k in new], device=device,
                          witness=witness)
         entries = {**entries, **dict(zip(new, fresh, strict=True))}
         _write_cache(cache, {**doc, **header, "along": entries})
