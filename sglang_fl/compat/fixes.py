@@ -55,8 +55,9 @@ for up to 12 minutes with no sign but one uvicorn error line (seen on CPU, 2026-
 timed out on it). Two checks, both with `sglang_fl.preflight.port_in_use`: ``launch_server``
 refuses a taken ``--host``/``--port`` before anything starts (`check_http_port`); uvicorn's
 ``Server.startup`` of SGLang's app, just before the lifespan, ends the process at once with one
-error (the children stopped, status 1) when the port was taken while the model loaded. Only
-the instant between that check and uvicorn's own bind is left to SGLang's behaviour.
+error (the children stopped, status 1) when the port was taken while the model loaded. Only a
+port taken during the lifespan's own start-up (under a second), between that check and
+uvicorn's bind, is left to SGLang's behaviour.
 """
 
 from __future__ import annotations
