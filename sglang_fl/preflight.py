@@ -64,8 +64,8 @@ def _server_options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
-    parser.add_argument("--host", default=SGLANG_DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=SGLANG_DEFAULT_PORT)
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
     ns, _ = parser.parse_known_args(argv)
     return ns
 

@@ -331,7 +331,7 @@ def _term_when_parent_dies() -> Callable[[], None]:
     return preexec
 
 
-def _lost_a_port(path: Path, start: int) -> bool:
+def lost_a_port(path: Path, start: int = 0) -> bool:
     """Whether the log written since byte ``start`` says a port was taken."""
     try:
         with open(path, "rb") as f:
@@ -347,7 +347,7 @@ def _wait_healthy(server: Server, timeout: float, progress, log_start: int = 0) 
     while True:
         elapsed = time.monotonic() - start
         code = server.process.poll()
-        if _lost_a_port(server.log_path, log_start):
+        if lost_a_port(server.log_path, log_start):
             raise PortInUseError(f"server lost a port to another process ({elapsed:.0f}s); log "
                                  f"{server.log_path}:\n{log_tail(server.log_path)}")
         if code is not None:

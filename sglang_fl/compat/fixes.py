@@ -190,6 +190,15 @@ def fix_grammar_mask_device(module) -> None:
                  module.__name__, sorted(handled))
 
 
+def _exit_now(status: int) -> None:
+    """Flush the logs and leave at once with ``status``: no atexit handler, no join of a
+    thread or child (what the callers' SGLang paths would wait on)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 #: The tokenizer manager whose SIGTERM drain is running in this task (``sigterm_exit_status``).
 _draining = contextvars.ContextVar("sglang_fl_sigterm_drain", default=None)
 
@@ -234,10 +243,7 @@ def fix_sigterm_exit_status(module) -> None:
             logger.warning("clean stop: %s", exc)
         logger.info("clean stop: requests drained and children stopped; exiting with status 0 "
                     "(sglang-fl fix sigterm_exit_status)")
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_now(0)
 
     setattr(sigterm_watchdog, FIXED_MARK, True)
     manager.sigterm_watchdog = sigterm_watchdog
@@ -309,10 +315,7 @@ def _exit_port_taken(host: str, port: int, problem: str, kill) -> None:
         kill(os.getpid(), include_parent=False)
     except Exception as exc:  # noqa: BLE001 - exit 1 either way; say why a child may remain
         logger.warning("stopping the children: %s", exc)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    _exit_now(1)
 
 
 def fix_http_port_in_use(module) -> None:

@@ -22,7 +22,7 @@ import pytest
 from pkg_helpers import ROOT
 from test_pkg_compose import render
 
-from sglang_fl.serving import PORT_ATTEMPTS, PORT_IN_USE_MARKERS, log_tail
+from sglang_fl.serving import PORT_ATTEMPTS, log_tail, lost_a_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.distributed]
 
@@ -81,11 +81,6 @@ def _stop(procs) -> None:
             p.wait(timeout=30)
 
 
-def _lost_a_port(logs: dict[str, Path]) -> bool:
-    return any(marker in path.read_text(errors="replace").lower()
-               for path in logs.values() for marker in PORT_IN_USE_MARKERS)
-
-
 def test_pair_layout_serves_with_tp2_across_two_nodes(tmp_path):
     """The ports come from `free_port`; one taken by another process (the SGLang 0.5.23 suite
     runs beside this one in CI) before a node binds it stops that node (preflight, or compat
@@ -100,7 +95,7 @@ def test_pair_layout_serves_with_tp2_across_two_nodes(tmp_path):
             procs, envs, logs = _start_pair(tmp_path, model, attempt)
             deadline = time.monotonic() + 420
             while not all(_healthy(e) for e in envs):
-                if _lost_a_port(logs):
+                if any(lost_a_port(path) for path in logs.values()):
                     break
                 dead = [p.returncode for p in procs if p.poll() is not None]
                 assert not dead, f"a node exited (status {dead}):" + _tails(logs)

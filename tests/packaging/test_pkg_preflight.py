@@ -14,12 +14,7 @@ import pytest
 from pkg_helpers import run
 
 from sglang_fl import preflight
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang_fl.serving import free_port
 
 
 def preflight_cli(*args: str, **env: str):
