@@ -99,6 +99,7 @@ from sglang_fl.models.hf_reference import (  # noqa: E402
     NEAR_TIE,
     NEAR_TIE_SIGMAS,
     UNDECIDED,
+    along_start,
     cached_hf_along,
     cached_hf_reference,
     first_parting,
@@ -451,9 +452,13 @@ def past_parting(served, verdicts, prompts, along):
     reference (on HF's own ids) does not cover those steps. ``along(paths)`` gives HF's
     logits along each ``(prompt, ids)`` (`cached_hf_along`); it is not called when no
     configuration left HF's ids early."""
-    todo = [(name, r["prompt"], list(served[name][r["prompt"]]), r["step"] + 1)
-            for name, rows in verdicts.items() if not isinstance(rows, dict)
-            for r in rows if r["step"] is not None and r["step"] + 1 < len(served[name][r["prompt"]])]
+    todo = []
+    for name, rows in verdicts.items():
+        for r in [] if isinstance(rows, dict) else rows:
+            got = list(served[name][r["prompt"]])
+            start = along_start(r["step"], len(got))
+            if start is not None:
+                todo.append((name, r["prompt"], got, start))
     entries = along([(prompts[i], got) for _, i, got, _ in todo]) if todo else []
     out = {}
     for (name, i, got, start), entry in zip(todo, entries, strict=True):

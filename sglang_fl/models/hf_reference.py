@@ -361,6 +361,12 @@ def _verdict(at: dict, want: int, got: int) -> dict:
             "kept": len(logit), "verdict": verdict}
 
 
+def along_start(step: int | None, length: int) -> int | None:
+    """Where `judge_along` starts on a served sequence of ``length`` ids whose first parting
+    from HF's ids was at ``step``: the step after it; None without a parting or a later step."""
+    return None if step is None or step + 1 >= length else step + 1
+
+
 def judge_along(got, along: dict, start: int) -> list[dict]:
     """Each step of ``got`` from ``start`` on where the served token is not HF's argmax given
     the served prefix (`hf_along`), with its `_verdict`: past the first parting from HF's ids

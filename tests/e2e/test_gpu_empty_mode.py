@@ -34,7 +34,14 @@ from e2e_support import (
     standin_calls_in,
 )
 
-from sglang_fl.models.hf_reference import ACCEPTED, hf_along, hf_reference, judge, judge_along
+from sglang_fl.models.hf_reference import (
+    ACCEPTED,
+    along_start,
+    hf_along,
+    hf_reference,
+    judge,
+    judge_along,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
@@ -106,9 +113,9 @@ def _check_near_ties(got, ref, model, prompts):
     parting, every later step is judged so along the served ids (`judge_along`)."""
     verdicts = [judge(g, r) for g, r in zip(got, ref, strict=True)]
     assert not [v for v in verdicts if v["verdict"] not in ACCEPTED], verdicts
-    later = [(p, g[:len(r["ids"])], v["step"] + 1)
-             for p, g, r, v in zip(prompts, got, ref, verdicts, strict=True)
-             if v["step"] is not None and v["step"] + 1 < min(len(g), len(r["ids"]))]
+    cut = [g[:len(r["ids"])] for g, r in zip(got, ref, strict=True)]  # the steps HF has
+    later = [(p, g, start) for p, g, v in zip(prompts, cut, verdicts, strict=True)
+             if (start := along_start(v["step"], len(g))) is not None]
     if later:
         along = hf_along(model, [(p, g) for p, g, _ in later], device="cuda", witness="tf32")
         bad = [d for (_, g, start), a in zip(later, along, strict=True)
