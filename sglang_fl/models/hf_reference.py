@@ -56,6 +56,8 @@ MAX_KEPT = 1024
 #: Witness precisions: the served dtype's (bf16/fp16 weights and activations), or fp32 with
 #: TF32 GEMMs (CUDA only), or None (a fp32 server without TF32: bound 0).
 WITNESSES = ("bfloat16", "float16", "tf32")
+#: Marks an `hf_along` entry whose every step keeps the served token's logit (`kept_logits`).
+ALONG_KEEPS_SERVED = "keeps_served"
 #: Verdicts of `judge`.
 EQUAL, NEAR_TIE, DEFECT, UNDECIDED = "equal", "near-tie", "DEFECT", "undecided"
 #: Verdicts a check accepts: the rest fail it.
@@ -174,7 +176,7 @@ def hf_along(model_path, paths, *, device: str = "cpu",
         return [_step_logits(model, p, ids, device) for p, ids in paths], list(paths)
 
     rows, _ = _fp32_and_witness(model_path, forced, device, witness)
-    return [{"steps": steps} for steps in rows]
+    return [{"steps": steps, ALONG_KEEPS_SERVED: True} for steps in rows]
 
 
 def _fp32_and_witness(model_path, fp32_rows, device, witness):
@@ -202,25 +204,34 @@ def _fp32_and_witness(model_path, fp32_rows, device, witness):
             seen = [_step_logits(model, p, ids, device) for p, ids in sequences]
             del model
             free_device_memory(device)
-    return [_steps(row, seen[i] if seen else None) for i, row in enumerate(logits)], sequences
+    return [_steps(row, seen[i] if seen else None, sequences[i][1])
+            for i, row in enumerate(logits)], sequences
 
 
-def _steps(logits, seen) -> list[dict]:
-    """Per step (row): the kept fp32 logits and the witness' noise (0.0 without one)."""
+def _steps(logits, seen, ids) -> list[dict]:
+    """Per step (row): the kept fp32 logits, with the logit of the sequence's own token ``ids[j]``
+    (HF's pick along HF's ids; the served token along a server's), and the witness' noise (0.0
+    without one)."""
     # Centred: a shift of every logit alike moves no argmax.
     noise = (seen - logits).std(dim=-1).tolist() if seen is not None else [0.0] * len(logits)
-    return [{**kept_logits(logits[j], near_tie_bound(noise[j])), "noise": noise[j]}
+    return [{**kept_logits(logits[j], near_tie_bound(noise[j]), also=ids[j]), "noise": noise[j]}
             for j in range(len(logits))]
 
 
-def kept_logits(row, bound: float) -> dict:
+def kept_logits(row, bound: float, also: int | None = None) -> dict:
     """One step's logits ``row`` cut to what a near-tie can reach: the top `TOP_K` and every
     token within ``bound`` of the top, at most `MAX_KEPT` (``complete`` False when the cap cut
-    any). Logits rounded to 1e-6, far below any bound, to keep the JSON small."""
+    any), and token ``also`` after them where the cut left it out: a served token's margin is
+    then exact even where more than `MAX_KEPT` tokens are within the bound (a 256-expert MoE in
+    bf16), instead of ``undecided``. Logits rounded to 1e-6, far below any bound, to keep the
+    JSON small."""
     within = int((row >= row.max() - bound).sum())
     top = row.topk(min(max(TOP_K, within), MAX_KEPT, row.shape[-1]))
-    return {"top_ids": top.indices.tolist(),
-            "top_logits": [round(v, 6) for v in top.values.tolist()],
+    ids, logits = top.indices.tolist(), top.values.tolist()
+    if also is not None and also not in ids:
+        ids.append(int(also))
+        logits.append(float(row[also]))
+    return {"top_ids": ids, "top_logits": [round(v, 6) for v in logits],
             "complete": within <= MAX_KEPT}
 
 
@@ -288,7 +299,8 @@ def cached_hf_along(cache: Path, model_path, paths, *, device: str = "cpu",
     entries = doc.get("along", {})
     keys = [f"{prompt_key(p)}|{prompt_key(ids)}" for p, ids in paths]
     by_key = dict(zip(keys, paths, strict=True))  # equal keys: equal paths
-    new = [k for k in dict.fromkeys(keys) if k not in entries]
+    # Entries written before they kept the served token's logit are computed again.
+    new = [k for k in dict.fromkeys(keys) if not entries.get(k, {}).get(ALONG_KEEPS_SERVED)]
     if new and not compute_missing:
         raise LookupError(f"HF's logits along {len(new)} of the {len(paths)} served sequences are "
                           f"not in {cache} for this checkpoint and witness, and were not computed")

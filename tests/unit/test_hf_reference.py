@@ -5,6 +5,7 @@ configuration (and a later run) reuse one HF reference instead of loading the mo
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -70,6 +71,21 @@ def test_a_step_with_more_within_the_bound_than_the_cap_is_marked_incomplete(mon
     monkeypatch.setattr(hr, "MAX_KEPT", 16)
     cut = hr.kept_logits(torch.zeros(100), 0.5)  # all 100 tie
     assert len(cut["top_ids"]) == 16 and not cut["complete"]
+
+
+def test_a_served_tokens_logit_is_kept_even_beyond_the_cap(monkeypatch):
+    # Along a served sequence the token whose margin is judged is known: it is kept after the
+    # cut, so a step with more tokens within the bound than the cap still has an exact margin.
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(hr, "MAX_KEPT", 16)
+    row = torch.arange(100, dtype=torch.float32) / 10  # 9.9 down to 0.0
+    kept = hr.kept_logits(row, 5.0, also=3)
+    assert kept["top_ids"][:16] == list(range(99, 83, -1)) and not kept["complete"]
+    assert kept["top_ids"][16:] == [3] and kept["top_logits"][16] == pytest.approx(0.3)
+    assert hr.kept_logits(row, 5.0, also=98)["top_ids"] == list(range(99, 83, -1))  # already in
+    at = {**kept, "noise": 2.0}  # bound 11.3: 9.6 behind is a near-tie, now decided
+    v = hr.judge_along([3], {"steps": [at]}, 0)[0]
+    assert v["margin"] == pytest.approx(9.6) and v["verdict"] == hr.NEAR_TIE
 
 
 def beyond(complete, least_logit, noise=0.5):
@@ -260,7 +276,8 @@ class FakeAlong:
 
     def __call__(self, model_path, paths, *, device, witness):
         self.calls.append([(list(p), list(ids)) for p, ids in paths])
-        return [along([([t], [1.0], 0.01) for t in ids]) for _, ids in paths]
+        return [{**along([([t], [1.0], 0.01) for t in ids]), hr.ALONG_KEEPS_SERVED: True}
+                for _, ids in paths]
 
 
 def test_the_cache_holds_hfs_logits_along_served_ids_beside_its_reference(tmp_path, checkpoint,
@@ -286,3 +303,11 @@ def test_the_cache_holds_hfs_logits_along_served_ids_beside_its_reference(tmp_pa
     # Another witness: neither section is reused.
     hr.cached_hf_along(cache, checkpoint, paths[:1], witness="tf32")
     assert len(fake_along.calls) == 2
+
+    # An entry written before entries kept the served token's logit is computed again.
+    doc = json.loads(cache.read_text())
+    key = next(iter(doc["along"]))
+    del doc["along"][key][hr.ALONG_KEEPS_SERVED]
+    cache.write_text(json.dumps(doc))
+    hr.cached_hf_along(cache, checkpoint, paths[:1], witness="tf32")
+    assert fake_along.calls[-1] == [paths[0]] and len(fake_along.calls) == 3
