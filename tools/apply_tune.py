@@ -78,9 +78,11 @@ def op_chunks(block: list[str]) -> dict[str, list[str]]:
 
 
 def _tuned_header(lines: list[str]) -> list[str]:
-    """The tuned file's provenance lines (date, device, versions, shapes, dtype, timing)."""
+    """The tuned file's provenance lines (date, device, versions, shapes, dtype, timing), and
+    its MIXED lines: a bucket whose fastest kind differs by token count, which a reader of the
+    platform YAML should see beside the order that sums it."""
     keep = ("# source:", "# date:", "# device:", "# versions:", "# shapes:", "# dtype:",
-            "# buckets:")
+            "# buckets:", "# MIXED ")
     return [line for line in lines if line.startswith(keep)]
 
 

@@ -142,6 +142,7 @@ REDO = """\
 # date: 2026-12-06 11:00:00 UTC
 # device: cuda: NVIDIA H200
 # shapes: hidden 2048 (from /tmp/moe/config.json)
+# MIXED fused_moe prefill: the fastest differs by token count (vendor at 256; flagos at 2048); its order is by their summed time
 token_buckets:
   decode: 64
   prefill: null
@@ -174,6 +175,7 @@ def test_a_later_run_of_some_ops_replaces_theirs_and_check_names_both(tmp_path, 
     assert "# source: full.yaml (orders rms_norm, silu_and_mul)" in text
     assert "# source: redo.yaml (orders fused_moe, rms_norm)" in text
     assert "2026-12-06 10:00:00" in text and "2026-12-06 11:00:00" in text
+    assert "  # MIXED fused_moe prefill: the fastest differs by token count" in text  # kept
     assert apply_tune.check(platform) is None
     # The order of the files matters: the other way round is not this file.
     platform.write_text(text.replace("# tuned-from: full.yaml redo.yaml",
