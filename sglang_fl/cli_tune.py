@@ -21,7 +21,8 @@ def add_subcommands(subparsers) -> None:
                                      "token_buckets setting)")
     p.add_argument("--tokens", help="comma-separated token counts to time, at least one per bucket "
                                     "(default: each bucket's smallest and largest; the "
-                                    "unbounded one at 4x and 32x the bound before it, and 8192 if above it)")
+                                    "unbounded one at 4x and 32x the bound before it, and 8192 if above it, "
+                                    "none above the larger of 8192 and 4x the bound)")
     p.add_argument("--graph-buckets",
                    help="comma-separated buckets timed under a CUDA graph, or 'none' (default on "
                         "CUDA: the first bucket of several, which SGLang serves with graph decode; "

@@ -544,12 +544,16 @@ SERVED_PREFILL_CHUNK = 8192
 
 def default_tokens(buckets) -> dict[str, tuple[int, ...]]:
     """Two token counts per bounded bucket: its smallest and largest. An unbounded bucket after
-    a bound: 4x and 32x that bound, and `SERVED_PREFILL_CHUNK` where it falls in the bucket; a
-    single unbounded bucket: 1 and 256."""
+    a bound: 4x and 32x that bound, and `SERVED_PREFILL_CHUNK` where it falls in the bucket,
+    none above the larger of that chunk and 4x the bound (SGLang runs a long prompt's prefill in
+    chunks: a count it never runs would only slow the tune, by seconds per call of the
+    reference ops at 65,536 tokens); a single unbounded bucket: 1 and 256."""
     out, lo = {}, 0
     for name, hi in buckets:
         if hi is None:
-            counts = {c for c in (lo * 4, lo * 32, SERVED_PREFILL_CHUNK) if c > lo} if lo else {1, 256}
+            top = max(SERVED_PREFILL_CHUNK, lo * 4)
+            counts = ({c for c in (lo * 4, lo * 32, SERVED_PREFILL_CHUNK) if lo < c <= top}
+                      if lo else {1, 256})
             out[name] = tuple(sorted(counts))
         else:
             out[name] = tuple(dict.fromkeys((lo + 1, hi)))

@@ -138,9 +138,12 @@ def test_a_correct_faster_impl_leads_its_bucket(monkeypatch):
 def test_token_counts_per_bucket():
     assert default_tokens((("decode", 64), ("prefill", None))) == {"decode": (1, 64),
                                                                     "prefill": (256, 2048, 8192)}
-    assert default_tokens((("decode", 512), ("prefill", None)))["prefill"] == (2048, 8192, 16384)
-    assert default_tokens((("decode", 4096), ("prefill", None)))["prefill"] == (8192, 16384, 131072)
-    assert default_tokens((("decode", 8192), ("prefill", None)))["prefill"] == (32768, 262144)
+    # Nothing above the larger of SGLang's served chunk and 4x the bound: SGLang never runs it.
+    assert default_tokens((("decode", 512), ("prefill", None)))["prefill"] == (2048, 8192)
+    assert default_tokens((("decode", 64), ("prefill", 2048), ("chunk", None))) == {
+        "decode": (1, 64), "prefill": (65, 2048), "chunk": (8192,)}
+    assert default_tokens((("decode", 4096), ("prefill", None)))["prefill"] == (8192, 16384)
+    assert default_tokens((("decode", 8192), ("prefill", None)))["prefill"] == (32768,)
     assert default_tokens((("all", None),)) == {"all": (1, 256)}
     assert assign_tokens(BUCKETS, [8, 1, 2]) == {"decode": (1, 2), "prefill": (8,)}
     with pytest.raises(TuneError, match=r"no count in bucket\(s\) prefill"):
