@@ -52,7 +52,8 @@ Greedy ids: every server's, for ``--greedy-prompts`` random prompts, are judged 
 transformers in fp32 on the same weights (sglang_fl/models/hf_reference.py): per configuration
 and prompt, equal, or where they first part HF's top-1/top-2 gap, its margin over the served
 token, the near-tie bound from the rounding noise measured there, and the verdict (near-tie,
-DEFECT, or undecided where more of HF's tokens are within the bound than it keeps). HF runs
+DEFECT, or undecided where more of HF's tokens are within the bound than it keeps, until HF
+along the served ids, which keeps the served token's logit, settles it: "(along)"). HF runs
 after every server has stopped (a large checkpoint's fp32 copy needs the GPU to itself), once
 per prompt: its reference is cached as JSON (``--hf-reference``) and reused by every
 configuration and by later runs on the same checkpoint. Past a first parting the served
@@ -107,6 +108,7 @@ from sglang_fl.models.hf_reference import (  # noqa: E402
     judge_along,
     served_dtype,
     served_evidence,
+    settle,
     witness_for,
 )
 
@@ -451,19 +453,23 @@ def past_parting(served, verdicts, prompts, along):
     configurations that leave HF alike and then part from each other are judged so; HF's
     reference (on HF's own ids) does not cover those steps. ``along(paths)`` gives HF's
     logits along each ``(prompt, ids)`` (`cached_hf_along`); it is not called when no
-    configuration left HF's ids early."""
+    configuration left HF's ids early or undecided. A first parting `judge` left undecided is
+    judged again on those logits (`settle`): its row in ``verdicts`` is replaced."""
     todo = []
     for name, rows in verdicts.items():
-        for r in [] if isinstance(rows, dict) else rows:
+        for k, r in enumerate([] if isinstance(rows, dict) else rows):
             got = list(served[name][r["prompt"]])
             start = along_start(r["step"], len(got))
-            if start is not None:
-                todo.append((name, r["prompt"], got, start))
-    entries = along([(prompts[i], got) for _, i, got, _ in todo]) if todo else []
+            if start is not None or r["verdict"] == UNDECIDED:
+                todo.append((name, k, got, start))
+    entries = along([(prompts[verdicts[n][k]["prompt"]], got) for n, k, got, _ in todo]) if todo else []
     out = {}
-    for (name, i, got, start), entry in zip(todo, entries, strict=True):
-        out.setdefault(name, []).append({"prompt": i, "from_step": start, "steps": len(got) - start,
-                                         "departures": judge_along(got, entry, start)})
+    for (name, k, got, start), entry in zip(todo, entries, strict=True):
+        verdicts[name][k] = settle(verdicts[name][k], entry) or verdicts[name][k]
+        if start is not None:
+            out.setdefault(name, []).append({"prompt": verdicts[name][k]["prompt"], "from_step": start,
+                                             "steps": len(got) - start,
+                                             "departures": judge_along(got, entry, start)})
     return out
 
 
@@ -1096,7 +1102,8 @@ def greedy_table(doc):
             lines.append(f"| {name} | {r['prompt']} | {'yes' if r['equal'] else 'no'} | "
                          f"{'-' if r['step'] is None else r['step']} | "
                          + ("-" if r["equal"] else f"{r['hf_token']} / {r['served_token']}")
-                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']} | "
+                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']}"
+                         + (" (along)" if r.get("settled_along") else "") + " | "
                          f"{num(served)}{tie} | {num(r.get('served_noise'))} / "
                          f"{num(r.get('witness_noise'))} |")
     return "\n".join(lines + _past_parting_table(greedy, num))

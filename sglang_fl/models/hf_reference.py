@@ -392,6 +392,21 @@ def judge_along(got, along: dict, start: int) -> list[dict]:
     return out
 
 
+def settle(verdict: dict, along: dict) -> dict | None:
+    """A first parting that `judge` left undecided (the served token beyond the logits HF's
+    reference kept, with more within the bound than it keeps), judged again on the `hf_along`
+    entry of the served sequence: up to the parting its context is HF's own, and that entry
+    keeps the served token's logit. The row with that verdict and ``settled_along``; None where
+    ``verdict`` is not undecided or the entry lacks HF's or the served token there."""
+    if verdict.get("verdict") != UNDECIDED:
+        return None
+    at = along["steps"][verdict["step"]]
+    if not {verdict["hf_token"], verdict["served_token"]} <= set(at["top_ids"]):
+        return None
+    return {**verdict, **_verdict(at, verdict["hf_token"], verdict["served_token"]),
+            "settled_along": True}
+
+
 def served_evidence(got, top, reference: dict) -> dict:
     """What the server's own logprobs say about one prompt's greedy ids ``got`` against its
     `hf_reference` entry. ``top``: per generated step, the server's top logprobs as

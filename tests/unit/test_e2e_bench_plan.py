@@ -544,6 +544,36 @@ def test_past_the_first_parting_the_later_steps_are_judged_on_each_servers_conte
     assert len(asked) == 2  # nothing to ask HF the last time
 
 
+def test_a_first_parting_left_undecided_is_settled_on_hfs_logits_along_the_served_ids():
+    """HF's reference kept 3 logits of a step with more within the bound (incomplete), and the
+    served token is not among them: `judge` cannot decide. HF along the served ids keeps the
+    served token's logit: its margin decides the parting, in the verdicts themselves."""
+    def step(top, logits, noise=0.5, complete=True):
+        return {"top_ids": top, "top_logits": logits, "noise": noise, "complete": complete}
+
+    ref = [{"ids": [1, 2], "steps": [step([1, 9], [5.0, 1.0]),
+                                     step([2, 7, 6], [5.0, 4.9, 4.8], complete=False)]}]
+    served = {"a": [[1, 8]], "b": [[1, 8]]}
+    verdicts = e2e_bench.greedy_verdicts(served, ref)
+    assert [verdicts[n][0]["verdict"] for n in served] == ["undecided"] * 2
+    along_of = {"a": [step([1], [1.0]), step([2, 7, 6, 8], [5.0, 4.9, 4.8, 4.0])],  # 1.0 < 2.83
+                "b": [step([1], [1.0]), step([2, 7, 6, 8], [5.0, 4.9, 4.8, 1.0])]}  # 4.0 > 2.83
+    calls = iter(["a", "b"])
+
+    def along(paths):
+        assert [ids for _, ids in paths] == [[1, 8], [1, 8]]  # the parting is the last step
+        return [{"steps": along_of[next(calls)]} for _ in paths]
+
+    assert e2e_bench.past_parting(served, verdicts, [[100, 101]], along) == {}
+    a, b = verdicts["a"][0], verdicts["b"][0]
+    assert (a["verdict"], a["margin"], a["settled_along"]) == ("near-tie", pytest.approx(1.0), True)
+    assert (b["verdict"], b["margin"]) == ("DEFECT", pytest.approx(4.0))
+    assert a["margin_at_least"] is None and a["prompt"] == 0 and a["step"] == 1
+    table = e2e_bench.greedy_table({"greedy": {"verdicts": verdicts, "hf_reference": {}}})
+    assert "| near-tie (along) |" in table and "| DEFECT (along) |" in table
+    assert e2e_bench.exit_status({"greedy": {"verdicts": {"a": verdicts["a"]}}}) == 0
+
+
 def test_a_configuration_without_greedy_ids_or_without_hf_fails_the_run():
     equal = {"prompt": 0, "equal": True, "verdict": "equal"}
     near = {"prompt": 0, "equal": False, "verdict": "near-tie"}

@@ -311,3 +311,13 @@ def test_the_cache_holds_hfs_logits_along_served_ids_beside_its_reference(tmp_pa
     cache.write_text(json.dumps(doc))
     hr.cached_hf_along(cache, checkpoint, paths[:1], witness="tf32")
     assert fake_along.calls[-1] == [paths[0]] and len(fake_along.calls) == 3
+
+
+def test_settle_judges_only_an_undecided_parting_whose_tokens_the_along_entry_kept():
+    at = {"top_ids": [2, 7, 8], "top_logits": [5.0, 4.9, 4.0], "noise": 0.5}
+    row = {"prompt": 0, "step": 0, "hf_token": 2, "served_token": 8, "verdict": hr.UNDECIDED}
+    settled = hr.settle(row, {"steps": [at]})
+    assert settled["verdict"] == hr.NEAR_TIE and settled["margin"] == pytest.approx(1.0)
+    assert settled["prompt"] == 0 and settled["settled_along"]
+    assert hr.settle({**row, "verdict": hr.NEAR_TIE}, {"steps": [at]}) is None
+    assert hr.settle({**row, "served_token": 9}, {"steps": [at]}) is None  # not kept: stays
