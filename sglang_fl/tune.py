@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata as md
+import itertools
 import json
 import platform as host
 import statistics
@@ -772,16 +773,34 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
 
 
 def _mixed_lines(result: TuneResult, prefix: str) -> list[str]:
-    """One line per op and bucket whose fastest kind differs between the bucket's token counts."""
+    """One line per op and bucket whose fastest kind differs between the bucket's token counts,
+    with the ``--buckets`` that would split the bucket where the fastest first changes."""
     lines = []
     for r in result.ops.values():
         for name, _ in result.buckets:
             fastest = r.fastest_by_tokens(result.tokens[name]) if r.orders.get(name) else {}
             if len(fastest) > 1:
                 where = "; ".join(f"{k} at {','.join(map(str, ts))}" for k, ts in fastest.items())
+                kind_at = {t: k for k, ts in fastest.items() for t in ts}
+                counts = sorted(kind_at)
+                bound = next(a for a, b in itertools.pairwise(counts) if kind_at[a] != kind_at[b])
                 lines.append(f"{prefix}MIXED {r.op} {name}: the fastest differs by token count "
-                             f"({where}); its order is by their summed time")
+                             f"({where}); its order is by their summed time; to order each "
+                             f"size apart, tune with --buckets "
+                             f"'{split_bucket(result.buckets, name, bound)}'")
     return lines
+
+
+def split_bucket(buckets, name: str, bound: int) -> str:
+    """``buckets`` as a ``--buckets`` value, with bucket ``name`` ending at ``bound`` tokens and
+    the rest of it a new bucket ``<name>_above_<bound>``."""
+    parts = []
+    for n, hi in buckets:
+        if n == name:
+            parts.append(f"{n}={bound}")
+            n = f"{n}_above_{bound}"
+        parts.append(n if hi is None else f"{n}={hi}")
+    return ";".join(parts)
 
 
 def report(result: TuneResult) -> str:

@@ -17,7 +17,15 @@ from sglang_fl.dispatch.manager import OpManager
 from sglang_fl.dispatch.policy import SelectionPolicy
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import OpImpl
-from sglang_fl.tune import ModelShapes, TuneError, assign_tokens, default_tokens, to_yaml, tune
+from sglang_fl.tune import (
+    ModelShapes,
+    TuneError,
+    assign_tokens,
+    default_tokens,
+    split_bucket,
+    to_yaml,
+    tune,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -313,8 +321,10 @@ def test_a_bucket_whose_fastest_kind_changes_with_the_token_count_is_reported(tm
                         "prefill": ["vendor", "flagos", "reference"]}
     assert r.fastest_by_tokens((8, 64)) == {"flagos": (8,), "vendor": (64,)}
     line = ("MIXED silu_and_mul prefill: the fastest differs by token count (flagos at 8; "
-            "vendor at 64); its order is by their summed time")
+            "vendor at 64); its order is by their summed time; to order each size apart, tune "
+            "with --buckets 'decode=2;prefill=8;prefill_above_8'")
     assert report(result).splitlines()[-1] == line
+    assert split_bucket(BUCKETS, "decode", 1) == "decode=1;decode_above_1=2;prefill"
     text = to_yaml(result)
     assert f"# {line}\n" in text and "MIXED silu_and_mul decode" not in text
     out = tmp_path / "tuned.yaml"
