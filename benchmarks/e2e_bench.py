@@ -961,8 +961,7 @@ def main(argv=None):
         doc["greedy"]["verdicts"] = verdicts
         doc["greedy"]["match"] = {n: None if isinstance(v, dict) else
                                   sum(r["equal"] for r in v) / len(v) for n, v in verdicts.items()}
-        doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
-        try:
+        try:  # may settle an undecided first parting in `verdicts`, so before twin_partings
             doc["greedy"]["past_parting"] = past_parting(
                 doc["greedy"]["servers"], verdicts, greedy_prompts,
                 lambda paths: cached_hf_along(cache, args.model, paths, device=device,
@@ -974,6 +973,7 @@ def main(argv=None):
             doc["greedy"]["past_parting_error"] = f"{type(exc).__name__}: {exc}"
             print(f"# HF's check past the partings failed: {doc['greedy']['past_parting_error']}",
                   flush=True)
+        doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
     except Stopped as exc:  # what the servers gave is written all the same
         doc["stopped"] = doc.get("stopped") or f"{exc} while HF's reference was computed"
         doc["greedy"]["hf_error"] = f"not judged: {doc['stopped']}"
