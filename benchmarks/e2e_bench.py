@@ -461,13 +461,13 @@ def past_parting(served, verdicts, prompts, along):
             got = list(served[name][r["prompt"]])
             start = along_start(r["step"], len(got))
             if start is not None or r["verdict"] == UNDECIDED:
-                todo.append((name, k, got, start))
-    entries = along([(prompts[verdicts[n][k]["prompt"]], got) for n, k, got, _ in todo]) if todo else []
+                todo.append((name, k, r["prompt"], got, start))
+    entries = along([(prompts[i], got) for _, _, i, got, _ in todo]) if todo else []
     out = {}
-    for (name, k, got, start), entry in zip(todo, entries, strict=True):
+    for (name, k, i, got, start), entry in zip(todo, entries, strict=True):
         verdicts[name][k] = settle(verdicts[name][k], entry) or verdicts[name][k]
         if start is not None:
-            out.setdefault(name, []).append({"prompt": verdicts[name][k]["prompt"], "from_step": start,
+            out.setdefault(name, []).append({"prompt": i, "from_step": start,
                                              "steps": len(got) - start,
                                              "departures": judge_along(got, entry, start)})
     return out
