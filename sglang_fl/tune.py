@@ -6,7 +6,9 @@ For each op of the op table that the model uses, each backend kind with an imple
 
 1. checked against the fp32 reference (the reference backend run on fp32 copies of the same
    rounded inputs) with the op table's tolerance for the dtype tuned: an impl outside it, or one
-   that raises, is excluded from every bucket and reported (the accuracy gate);
+   that raises, is excluded from every bucket and reported (the accuracy gate). The reference
+   itself is held to everything but the tolerance: its error there is the dtype's own rounding
+   (its arithmetic follows SGLang's forward_native where SGLang has one), reported as KEPT;
 2. timed at every token count of every bucket (``--tokens``, by default `default_tokens`): the
    median over ``--repeats`` of the mean of ``--iters`` back-to-back calls after ``--warmup``
    calls (one call per repeat where a warm-up call after the first took over `SLOW_CALL_US`),
@@ -310,7 +312,13 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
         states = randn(seqs + 1, dim, width - 1)
         has = torch.arange(seqs, device=device) % 2 == 0
         lens = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
-        return Case([(_layer(), (randn(dim, tokens), weight, None, states, ints(bounds),
+        # x as SGLang's GDN backend passes it: a [dim, tokens] view of the layer's [tokens, dim]
+        # projection (channel-last), the layout SGLang's kernel is written for. On a contiguous
+        # x it took 3.1 ms at 8,192 tokens on the H100 (2026-12-06), the PyTorch reference came
+        # first in the chunk bucket, and that order served the 35B-A3B shape's prefill 6 % below
+        # SGLang's.
+        x = randn(tokens, dim).transpose(0, 1)
+        return Case([(_layer(), (x, weight, None, states, ints(bounds),
                                  ints(list(range(1, seqs + 1))), has, "silu", lens))], inplace=(3,))
     if op == "causal_conv1d_update":
         states = randn(tokens + 1, dim, width - 1)
@@ -359,9 +367,10 @@ def _tensors(out, torch):
 # ---------------------------------------------------------------------------------------------
 
 
-def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
+def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype, values: bool = True) -> str:
     """"" if ``fn`` matches the fp32 reference on every variant within the op's tolerance for
-    ``dtype``, else why not."""
+    ``dtype``, else why not. ``values=False`` checks all but the tolerance: it runs, gives the
+    reference's outputs and shapes, exact integers, finite floats."""
     import torch
 
     tol = spec.tolerance.for_dtype(dtype)
@@ -386,6 +395,10 @@ def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> str:
                     return f"variant {n} output {i}: {int((g_.cpu() != w_.to(g_.dtype).cpu()).sum())} values differ"
                 continue
             g32, w32 = g_.float(), w_.float()
+            if not values:
+                if not bool(torch.isfinite(g32).all()):
+                    return f"variant {n} output {i}: not finite"
+                continue
             excess = (g32 - w32).abs() - (tol["atol"] + tol["rtol"] * w32.abs())
             if not bool(torch.isfinite(g32).all()) or float(excess.max()) > 0:
                 err = float((g32 - w32).abs().nan_to_num(float("inf")).max())
@@ -503,6 +516,10 @@ def _check_device_after_capture(device, op: str, label: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Why a reference outside the tolerance of its own fp32 result stays in the order.
+ROUNDING_NOTE = "the reference's own rounding in the served dtype; kept as the last fallback"
+
+
 @dataclass
 class OpResult:
     op: str
@@ -511,6 +528,7 @@ class OpResult:
     us: dict[str, dict[int, float]] = field(default_factory=dict)  # kind -> tokens -> us
     orders: dict[str, list[str]] = field(default_factory=dict)  # bucket -> kinds
     not_capturable: dict[str, str] = field(default_factory=dict)  # impl label -> why (graph buckets)
+    rounding: dict[str, str] = field(default_factory=dict)  # reference label -> its own rounding error
     skipped: str = ""  # why the op was not tuned
 
     def fastest_by_tokens(self, counts) -> dict[str, tuple[int, ...]]:
@@ -640,6 +658,15 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
             res.impls[kind] = impl.label
             why = next((w for t in all_tokens
                         for w in (accuracy_error(spec, impl.fn, reference, cases[t], dtype),) if w), "")
+            if why and kind == "reference" and not next(
+                    (w for t in all_tokens
+                     for w in (accuracy_error(spec, impl.fn, reference, cases[t], dtype, values=False),)
+                     if w), ""):
+                # The reference in the served dtype against itself in fp32 measures that dtype's
+                # rounding, not a defect: it stays the order's last fallback (H100 2026-12-06:
+                # RoPE's at 2,048+ tokens, as SGLang's forward_native rounds).
+                res.rounding[impl.label] = why
+                why = ""
             if why:
                 res.excluded[impl.label] = why
                 continue
@@ -732,6 +759,8 @@ def to_yaml(result: TuneResult, now: datetime.datetime | None = None) -> str:
     for r in result.ops.values():
         for label, why in r.excluded.items():
             lines.append(f"# EXCLUDED {r.op} {label}: {why}")  # one line (_one_line)
+        for label, why in r.rounding.items():
+            lines.append(f"# KEPT {r.op} {label}: {_one_line(why)} ({ROUNDING_NOTE})")
         for label, why in r.not_capturable.items():
             lines.append(f"# NOT CAPTURABLE {r.op} {label} (left out of "
                          f"{', '.join(result.graph_buckets)}): {why}")
@@ -814,6 +843,8 @@ def report(result: TuneResult) -> str:
         out.append(f"{r.op}: {orders}")
         for label, why in r.excluded.items():
             out.append(f"  EXCLUDED {label}: {why}")
+        for label, why in r.rounding.items():
+            out.append(f"  KEPT {label}: {why} ({ROUNDING_NOTE})")
         for label, why in r.not_capturable.items():
             out.append(f"  NOT CAPTURABLE {label} (left out of {', '.join(result.graph_buckets)}): {why}")
     return "\n".join(out + _mixed_lines(result, ""))
