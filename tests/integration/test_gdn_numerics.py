@@ -178,10 +178,14 @@ def test_decode_after_prefill_equals_one_long_prefill():
 
 
 @pytest.mark.parametrize("with_state", [False, True])
-def test_causal_conv1d_matches_oracle_and_keeps_windows(with_state):
+@pytest.mark.parametrize("channel_last", [False, True], ids=["contiguous", "channel-last"])
+def test_causal_conv1d_matches_oracle_and_keeps_windows(with_state, channel_last):
+    """Also on the channel-last x that SGLang's GDN backend passes (a [dim, T] view of its
+    [T, dim] projection): the output keeps x's layout, as SGLang's kernel's does."""
     dim, width, lengths = 12, 4, [1, 2, 9]
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(dim, sum(lengths), generator=gen)
+    x = torch.randn(sum(lengths), dim, generator=gen).T if channel_last else torch.randn(
+        dim, sum(lengths), generator=gen)
     weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
     states = torch.randn(5, dim, width - 1, generator=gen)
     slots = torch.tensor([3, 0, 2], dtype=torch.int32)
@@ -190,6 +194,7 @@ def test_causal_conv1d_matches_oracle_and_keeps_windows(with_state):
     for impl in impls("causal_conv1d"):
         work = states.clone()
         out = impl.fn(None, x, weight, bias, work, cu, slots, has, "silu")
+        assert out.shape == x.shape and out.stride() == x.stride(), impl.impl_id
         for i, slot in enumerate(slots.tolist()):
             s, e = int(cu[i]), int(cu[i + 1])
             prefix = states[slot] if with_state else torch.zeros(dim, width - 1)
