@@ -273,7 +273,8 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
     conv1d) on sequences of at most `PREFILL_SEQUENCE` tokens (each chunked rule from a cached
     state, every other conv1d from a cached window), decode ops (recurrent rule, conv1d update)
     on ``tokens`` sequences of one token each (at most `MAX_DECODE_SEQUENCES`), through a state
-    pool."""
+    pool. The prefill ops' activations come in the strided layouts SGLang passes: a kernel's
+    time depends on them (2026-12-06, causal_conv1d)."""
     h, hv, dk, dv, f32 = s.linear_key_heads, s.linear_value_heads, s.linear_key_dim, s.linear_value_dim, torch.float32
     if op in GDN_DECODE_OPS:
         tokens = min(tokens, MAX_DECODE_SEQUENCES)
@@ -299,6 +300,11 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
     if op == "chunk_gated_delta_rule":  # g and beta as gdn_gating hands them on
         from sglang_fl.dispatch.backends.reference_gdn import gdn_gating
 
+        # q, k and v as SGLang's GDN backend passes them: views of the conv's [tokens, q|k|v]
+        # output, split on its last dim (rows strided by the whole width)
+        qkv = randn(tokens, 2 * h * dk + hv * dv).split([h * dk, h * dk, hv * dv], dim=-1)
+        q, k, v = (t.view(1, tokens, n, d) for t, n, d in zip(qkv, (h, h, hv), (dk, dk, dv),
+                                                               strict=True))
         g, beta = gdn_gating(a_log, a, b, dt_bias)
         state = randn(seqs, hv, dv, dk, scale=0.1, dt=f32)
         return Case([(_layer(), (q, k, v, g, beta, state, ints(bounds)))])

@@ -594,8 +594,12 @@ def test_gdn_prefill_cases_hold_several_sequences_as_a_prefill_batch_does(tiny_h
     assert slots.tolist() == [1, 2, 3, 4] and states.shape[0] == 5  # slot 0 idle
     assert has.tolist() == [True, False, True, False]
     chunk = build_case("chunk_gated_delta_rule", shapes, 64, torch.float32, "cpu")
-    _, (q, *_, state, cu) = chunk.variants[0]
+    _, (q, k, v, *_, state, cu) = chunk.variants[0]
     assert cu.tolist() == [0, 64] and state.shape[0] == 1 and q.shape[1] == 64
+    # views of one [tokens, q|k|v] row each, as SGLang's gdn_backend splits the conv's output
+    width = 2 * shapes.linear_key_heads * shapes.linear_key_dim + v.shape[2] * v.shape[3]
+    assert q.stride(1) == k.stride(1) == v.stride(1) == width
+    assert k.data_ptr() - q.data_ptr() == q.shape[2] * q.shape[3] * q.element_size()
 
 
 def test_the_moe_case_is_a_single_device_layer_so_vendor_times_the_unfiltered_kernels():
