@@ -361,7 +361,12 @@ def _fp32_layer(layer, torch):
 
 
 def _clone(value, torch):
-    return value.clone() if isinstance(value, torch.Tensor) else value
+    """A copy with the same strides, so that the gate runs each impl on the layout it is timed
+    on: ``clone()`` makes a view with gaps (SGLang's split q, k, v) contiguous."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype,
+                               device=value.device).copy_(value)
 
 
 def _tensors(out, torch):
