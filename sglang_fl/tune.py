@@ -220,6 +220,11 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         q, k = randn(tokens, s.heads * s.head_dim), randn(tokens, s.kv_heads * s.head_dim)
         layer = _layer(head_size=s.head_dim)
         if op == "rotary_embedding":
+            # q and k as Qwen2/Llama-style layers pass them: views of the qkv projection's
+            # [tokens, q|k|v] output (Qwen3.5/3.6 norm q and k first, which hands mRoPE new
+            # contiguous tensors)
+            sizes = [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim]
+            q, k, _ = randn(tokens, sum(sizes)).split(sizes, dim=-1)
             pos = (torch.arange(tokens) * 37 % s.max_positions).to(device)
             return Case([(layer, (q, k, cos, sin, pos, False, True))])
         pos = (torch.arange(3 * tokens) * 37 % s.max_positions).reshape(3, tokens).to(device)
