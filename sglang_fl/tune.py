@@ -217,7 +217,6 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         if (op == "mrotary_embedding") != bool(s.mrope_section):
             return None  # an mRoPE model's layers are MRotaryEmbedding: all of it is mrotary's
         cos, sin = _rope_cache(s, torch, device)
-        q, k = randn(tokens, s.heads * s.head_dim), randn(tokens, s.kv_heads * s.head_dim)
         layer = _layer(head_size=s.head_dim)
         if op == "rotary_embedding":
             # q and k as Qwen2/Llama-style layers pass them: views of the qkv projection's
@@ -227,6 +226,7 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
             q, k, _ = randn(tokens, sum(sizes)).split(sizes, dim=-1)
             pos = (torch.arange(tokens) * 37 % s.max_positions).to(device)
             return Case([(layer, (q, k, cos, sin, pos, False, True))])
+        q, k = randn(tokens, s.heads * s.head_dim), randn(tokens, s.kv_heads * s.head_dim)
         pos = (torch.arange(3 * tokens) * 37 % s.max_positions).reshape(3, tokens).to(device)
         return Case([(layer, (q, k, cos, sin, pos, tuple(s.mrope_section), s.mrope_interleaved,
                               False, True))])
@@ -299,7 +299,6 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
         mixed = randn(tokens, 2 * h * dk + hv * dv)
         return Case([(_layer(), (mixed, a, b, a_log, dt_bias, pool,
                                  ints(list(range(1, tokens + 1)))))], inplace=(5,))
-    q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
     bounds = [*range(0, tokens, PREFILL_SEQUENCE), tokens]  # the prefill ops' sequences
     seqs = len(bounds) - 1
     if op == "chunk_gated_delta_rule":  # g and beta as gdn_gating hands them on
@@ -314,6 +313,7 @@ def _gdn_case(op: str, s: ModelShapes, tokens: int, randn, torch, device, dtype)
         state = randn(seqs, hv, dv, dk, scale=0.1, dt=f32)
         return Case([(_layer(), (q, k, v, g, beta, state, ints(bounds)))])
     if op == "recurrent_gated_delta_rule":
+        q, k, v = randn(1, tokens, h, dk), randn(1, tokens, h, dk), randn(1, tokens, hv, dv)
         pool = randn(tokens + 1, hv, dv, dk, scale=0.1, dt=f32)
         slots, cu = ints(list(range(1, tokens + 1))), ints(list(range(tokens + 1)))
         return Case([(_layer(), (q, k, v, a, b, a_log, dt_bias, pool, slots, cu))], inplace=(7,))

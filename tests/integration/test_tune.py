@@ -668,6 +668,8 @@ def test_a_reference_that_gives_non_finite_values_is_still_excluded(monkeypatch)
 def test_the_gate_runs_each_impl_on_the_layout_it_is_timed_on(tiny_hybrid):
     """SGLang's q, k and v are views with gaps; the gate's copies keep their strides, so an
     impl that mishandles them fails the gate rather than being timed."""
+    from sglang_fl.tune import build_case
+
     seen = []
 
     def record(obj, q, k, v, *args):
@@ -679,8 +681,6 @@ def test_the_gate_runs_each_impl_on_the_layout_it_is_timed_on(tiny_hybrid):
     result = tune(manager, shapes, BUCKETS, {"decode": (1,), "prefill": (8,)}, torch.float32,
                   "cpu", ops=["chunk_gated_delta_rule"], **FAST)
     assert "flagos(flagos)" not in result.ops["chunk_gated_delta_rule"].excluded
-    from sglang_fl.tune import build_case
-
     cases = {t: build_case("chunk_gated_delta_rule", shapes, t, torch.float32, "cpu") for t in (1, 8)}
     want = {tuple(a.stride() for a in c.variants[0][1][:3]) for c in cases.values()}
     assert set(seen) == want  # the case's strides, in the gate and in every timed call
