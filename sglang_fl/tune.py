@@ -367,9 +367,12 @@ def _fp32_layer(layer, torch):
 
 def _clone(value, torch):
     """A copy with the same strides, so that the gate runs each impl on the layout it is timed
-    on: ``clone()`` makes a view with gaps (SGLang's split q, k, v) contiguous."""
+    on: ``clone()`` makes a view with gaps (SGLang's split q, k, v) contiguous. An expanded
+    (stride 0) tensor cannot be written so, and is cloned as before."""
     if not isinstance(value, torch.Tensor):
         return value
+    if 0 in value.stride():
+        return value.clone()
     return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype,
                                device=value.device).copy_(value)
 
@@ -383,44 +386,47 @@ def _tensors(out, torch):
 # ---------------------------------------------------------------------------------------------
 
 
-def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype, values: bool = True) -> str:
-    """"" if ``fn`` matches the fp32 reference on every variant within the op's tolerance for
-    ``dtype``, else why not. ``values=False`` checks all but the tolerance: it runs, gives the
-    reference's outputs and shapes, exact integers, finite floats."""
+def accuracy_error(spec: OpSpec, fn, reference, case: Case, dtype) -> tuple[str, str]:
+    """``(broken, outside)`` for ``fn`` on every variant of ``case`` against the fp32 reference:
+    why it cannot stand for the op (it raises, or gives other outputs, shapes or integers, or
+    non-finite floats), else ""; and its first output outside the op's tolerance for ``dtype``,
+    else "". The gate excludes an impl for either, the reference only for the first: its own
+    distance from its fp32 self is the dtype's rounding."""
     import torch
 
     tol = spec.tolerance.for_dtype(dtype)
     canon = case.canon or (lambda out: out)
+    outside = ""
     for n, (layer, args) in enumerate(case.variants):
         got_args = [_clone(a, torch) for a in args]
         want_args = [_fp32(_clone(a, torch), torch) for a in args]
         try:
             got = fn(layer, *got_args)
         except Exception as exc:  # noqa: BLE001 - reported as the reason
-            return f"raised {type(exc).__name__}: {_one_line(exc)[:200]}"
+            return f"raised {type(exc).__name__}: {_one_line(exc)[:200]}", ""
         want = reference(_fp32_layer(layer, torch), *want_args)
         got_t = _tensors(canon(got), torch) + [got_args[i] for i in case.inplace]
         want_t = _tensors(canon(want), torch) + [want_args[i] for i in case.inplace]
         if len(got_t) != len(want_t):
-            return f"variant {n}: {len(got_t)} outputs, the reference gives {len(want_t)}"
+            return f"variant {n}: {len(got_t)} outputs, the reference gives {len(want_t)}", ""
         for i, (g_, w_) in enumerate(zip(got_t, want_t, strict=True)):
             if g_.shape != w_.shape:
-                return f"variant {n} output {i}: shape {tuple(g_.shape)}, expected {tuple(w_.shape)}"
+                return f"variant {n} output {i}: shape {tuple(g_.shape)}, expected {tuple(w_.shape)}", ""
             if not g_.is_floating_point():
                 if not torch.equal(g_.cpu(), w_.to(g_.dtype).cpu()):
-                    return f"variant {n} output {i}: {int((g_.cpu() != w_.to(g_.dtype).cpu()).sum())} values differ"
+                    return f"variant {n} output {i}: {int((g_.cpu() != w_.to(g_.dtype).cpu()).sum())} values differ", ""
                 continue
             g32, w32 = g_.float(), w_.float()
-            if not values:
-                if not bool(torch.isfinite(g32).all()):
-                    return f"variant {n} output {i}: not finite"
-                continue
+            finite = bool(torch.isfinite(g32).all())
             excess = (g32 - w32).abs() - (tol["atol"] + tol["rtol"] * w32.abs())
-            if not bool(torch.isfinite(g32).all()) or float(excess.max()) > 0:
+            if not finite or float(excess.max()) > 0:
                 err = float((g32 - w32).abs().nan_to_num(float("inf")).max())
-                return (f"variant {n} output {i}: max abs error {err:.3g} exceeds atol {tol['atol']:g} "
-                        f"+ rtol {tol['rtol']:g} (op table, {str(dtype).removeprefix('torch.')})")
-    return ""
+                why = (f"variant {n} output {i}: max abs error {err:.3g} exceeds atol {tol['atol']:g} "
+                       f"+ rtol {tol['rtol']:g} (op table, {str(dtype).removeprefix('torch.')})")
+                if not finite:
+                    return why, ""
+                outside = outside or why
+    return "", outside
 
 
 def _synchronize(device, torch) -> None:
@@ -672,20 +678,21 @@ def tune(manager, shapes, buckets, tokens: dict[str, tuple[int, ...]], dtype, de
             continue
         for kind, impl in per_kind.items():
             res.impls[kind] = impl.label
-            why = next((w for t in all_tokens
-                        for w in (accuracy_error(spec, impl.fn, reference, cases[t], dtype),) if w), "")
-            if why and kind == "reference" and not next(
-                    (w for t in all_tokens
-                     for w in (accuracy_error(spec, impl.fn, reference, cases[t], dtype, values=False),)
-                     if w), ""):
+            why = kept = ""
+            for t in all_tokens:
+                broken, outside = accuracy_error(spec, impl.fn, reference, cases[t], dtype)
+                if broken or (outside and kind != "reference"):
+                    why = broken or outside
+                    break
                 # The reference in the served dtype against itself in fp32 measures that dtype's
                 # rounding, not a defect: it stays the order's last fallback (H100 2026-12-06:
                 # RoPE's at 2,048+ tokens, as SGLang's forward_native rounds).
-                res.rounding[impl.label] = why
-                why = ""
+                kept = kept or outside
             if why:
                 res.excluded[impl.label] = why
                 continue
+            if kept:
+                res.rounding[impl.label] = kept
             res.us[kind] = {}
             for t in all_tokens:
                 if mode[t] == "graph" and impl.label in res.not_capturable:
