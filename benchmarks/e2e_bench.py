@@ -60,8 +60,10 @@ configuration and by later runs on the same checkpoint. Past a first parting the
 context is the server's own: HF then runs teacher-forced along each such server's ids
 (`past_parting`, cached in the same file), and every later step where the served token is not
 HF's pick there is judged by the same rule, so configurations that leave HF alike and part
-from each other later are judged too. The exit status is 1 when any verdict is DEFECT or
-undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
+from each other later are judged too. A DEFECT that a configuration of SGLang's own kernels
+(sglang-own, native-L1off) makes on the same ids is marked as its (`attribute_to_sglang`):
+SGLang's departure from HF, not sglang-fl's. The exit status is 1 when any other verdict is
+DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``. SIGTERM (a stage's ``timeout``) stops the servers and
@@ -163,7 +165,18 @@ CONFIGS = {
     "tuned-L1off": {"SGLANG_FL_PER_OP": _TUNED, "USE_FLAGGEMS": "0"},
     # Whatever the platform YAML (sglang_fl/config/cuda.yaml) says when the run is made.
     "fl-defaults": {},
+    # SGLang's own forward everywhere: sglang-fl routes nothing (Layer 2 off, and with it the
+    # GDN calls that native-L1off still passes through sglang-fl to SGLang's kernels). Only its
+    # import stand-ins and platform stay, so that it starts on an install without flashinfer,
+    # as the GPU bundle is (`SGLANG_PLUGINS=__none__` would drop those too).
+    "sglang-own": {"SGLANG_FL_OOT_ENABLED": "0", "USE_FLAGGEMS": "0"},
 }
+
+#: The configurations that compute with SGLang's own kernels, the one sglang-fl routes nothing
+#: in first: a departure from HF that one of them makes on the same ids is SGLang's
+#: (`attribute_to_sglang`). native-L1off's GDN calls go through sglang-fl's routing to SGLang's
+#: kernels, so its own departures are SGLang's only where sglang-own makes them too.
+SGLANG_OWN = ("sglang-own", "native-L1off")
 
 #: What a ``NAME+mtp`` configuration adds: NEXTN, 3 draft steps of one token each.
 MTP_SUFFIX = "+mtp"
@@ -473,6 +486,54 @@ def past_parting(served, verdicts, prompts, along):
     return out
 
 
+def _base(name: str) -> str:
+    """``NAME`` for ``NAME+suffix+...`` (every variant suffix stripped)."""
+    while (twin := e2e_plan.twin_of(name, SUFFIXES)) is not None:
+        name = twin
+    return name
+
+
+def attribute_to_sglang(greedy) -> list[tuple[str, int, int, str]]:
+    """Mark each DEFECT (a first parting in ``greedy["verdicts"]`` or a later departure in
+    ``greedy["past_parting"]``) that a configuration of `SGLANG_OWN` makes too, with ``"as"``:
+    its name. It makes it too where its served ids for that prompt equal these up to and
+    including the step: the same context and the same token, so HF's verdict there is the same.
+    A configuration is not its own witness, nor are its variants (``NAME+noradix``), but
+    sglang-own, in which sglang-fl routes nothing, is SGLang by definition. Such a departure is
+    SGLang's against HF, not sglang-fl's: reported, and not a failure (`exit_status`).
+    Returns (configuration, prompt, step, as) for each."""
+    served = greedy.get("servers", {})
+    own = [n for n in served if _base(n) in SGLANG_OWN and isinstance(served[n], list)]
+    own.sort(key=lambda n: SGLANG_OWN.index(_base(n)))
+    marked = []
+
+    def mark(name, prompt, row):
+        ids = served.get(name)
+        if row.get("verdict") != DEFECT or not isinstance(ids, list):
+            return
+        upto = row["step"] + 1
+        by = next((n for n in own if (_base(n) != _base(name) or _base(n) == "sglang-own")
+                   and list(served[n][prompt][:upto]) == list(ids[prompt][:upto])), None)
+        if by is not None:
+            row["as"] = by
+            marked.append((name, prompt, row["step"], by))
+
+    for name, rows in greedy.get("verdicts", {}).items():
+        for r in [] if isinstance(rows, dict) else rows:
+            mark(name, r["prompt"], r)
+    for name, rows in greedy.get("past_parting", {}).items():
+        for r in rows:
+            for d in r["departures"]:
+                mark(name, r["prompt"], d)
+    return marked
+
+
+def _accepted(row) -> bool:
+    """A verdict that does not fail the run: equal, a near-tie, or a DEFECT that SGLang's own
+    kernels make too (`attribute_to_sglang`)."""
+    return row["verdict"] in ACCEPTED or (row["verdict"] == DEFECT and "as" in row)
+
+
 def exit_status(doc):
     """1 when the greedy check found a defect, could not decide a parting, or could not be made
     for every configuration (no HF reference, a server without greedy ids), else 0: a GPU stage
@@ -484,12 +545,12 @@ def exit_status(doc):
     if not verdicts or "hf_error" in greedy:
         return 1
     for rows in verdicts.values():
-        if isinstance(rows, dict) or any(r["verdict"] not in ACCEPTED for r in rows):
+        if isinstance(rows, dict) or not all(map(_accepted, rows)):
             return 1
     if "past_parting_error" in greedy:
         return 1
     for rows in greedy.get("past_parting", {}).values():
-        if any(d["verdict"] not in ACCEPTED for r in rows for d in r["departures"]):
+        if not all(_accepted(d) for r in rows for d in r["departures"]):
             return 1
     return 0
 
@@ -974,6 +1035,7 @@ def main(argv=None):
             print(f"# HF's check past the partings failed: {doc['greedy']['past_parting_error']}",
                   flush=True)
         doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
+        doc["greedy"]["as_sglang"] = attribute_to_sglang(doc["greedy"])
     except Stopped as exc:  # what the servers gave is written all the same
         doc["stopped"] = doc.get("stopped") or f"{exc} while HF's reference was computed"
         doc["greedy"]["hf_error"] = f"not judged: {doc['stopped']}"
@@ -1072,6 +1134,11 @@ def _verdict_summary(verdicts, unit=""):
     return f"{len(verdicts) - len(parted)}/{len(verdicts)}{unit}" + (f" ({kinds})" if kinds else "")
 
 
+def _label(row) -> str:
+    """A row's verdict, with the SGLang configuration that makes the same DEFECT."""
+    return row["verdict"] + (f" (as {row['as']})" if "as" in row else "")
+
+
 def greedy_table(doc):
     """Per configuration and prompt: equal to HF, else where it parts, HF's top-1/top-2 gap and
     margin over the served token there, the near-tie bound and the verdict."""
@@ -1102,7 +1169,7 @@ def greedy_table(doc):
             lines.append(f"| {name} | {r['prompt']} | {'yes' if r['equal'] else 'no'} | "
                          f"{'-' if r['step'] is None else r['step']} | "
                          + ("-" if r["equal"] else f"{r['hf_token']} / {r['served_token']}")
-                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {r['verdict']}"
+                         + f" | {num(r['gap'])} | {margin} | {num(r['bound'])} | {_label(r)}"
                          + (" (along)" if r.get("settled_along") else "") + " | "
                          f"{num(served)}{tie} | {num(r.get('served_noise'))} / "
                          f"{num(r.get('witness_noise'))} |")
@@ -1127,7 +1194,7 @@ def _past_parting_table(greedy, num):
                 f"{d['step']} {d['hf_token']} / {d['served_token']}, "
                 + (num(d["margin"]) if d["margin_at_least"] is None
                    else f"> {num(d['margin_at_least'])}")
-                + f" ({num(d['bound'])}): {d['verdict']}" for d in r["departures"])
+                + f" ({num(d['bound'])}): {_label(d)}" for d in r["departures"])
             lines.append(f"| {name} | {r['prompt']} | {r['from_step']}-{r['from_step'] + r['steps'] - 1}"
                          f" | {found or 'none: HF picks the served token at each'} |")
     return lines

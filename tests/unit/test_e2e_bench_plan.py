@@ -544,6 +544,63 @@ def test_past_the_first_parting_the_later_steps_are_judged_on_each_servers_conte
     assert len(asked) == 2  # nothing to ask HF the last time
 
 
+def test_a_defect_sglangs_own_kernels_make_on_the_same_ids_is_theirs_and_not_a_failure():
+    """A DEFECT is marked as SGLang's where a configuration of its own kernels served the same
+    ids up to and including that step; only sglang-own (sglang-fl routes nothing) witnesses
+    native-L1off, whose GDN calls pass through sglang-fl; a configuration whose ids differ
+    there, or a native variant, is not excused; a DEFECT nobody shares still fails the run."""
+    def defect(step, token):
+        return {"step": step, "hf_token": 6, "served_token": token, "gap": 0.1, "margin": 3.4,
+                "margin_at_least": None, "noise": 0.5, "bound": 2.9, "kept": 1025,
+                "verdict": "DEFECT"}
+
+    def run(served):
+        first = {n: [{"prompt": 0, "equal": False, **defect(0, ids[0][0])}
+                     if ids[0][0] != 1 else {"prompt": 0, "equal": False, **defect(1, ids[0][1]),
+                                            "verdict": "near-tie"}] for n, ids in served.items()}
+        past = {n: [{"prompt": 0, "from_step": 2, "steps": 2,
+                     "departures": [defect(3, ids[0][3])]}]
+                for n, ids in served.items() if ids[0][0] == 1}
+        greedy = {"servers": served, "verdicts": first, "past_parting": past, "hf_reference": {}}
+        return greedy, e2e_bench.attribute_to_sglang(greedy)
+
+    same, other = [[1, 7, 5, 8]], [[1, 7, 5, 9]]
+    greedy, marked = run({"native-L1off": same, "fl-defaults": same, "flagos-L1off": other,
+                          "native-L1off+noradix": same})
+    assert marked == [("fl-defaults", 0, 3, "native-L1off")]
+    departures = {n: r[0]["departures"][0] for n, r in greedy["past_parting"].items()}
+    assert "as" not in departures["flagos-L1off"]  # its token at step 3 is not native's
+    assert "as" not in departures["native-L1off"] and "as" not in departures["native-L1off+noradix"]
+    assert e2e_bench.exit_status({"greedy": greedy}) == 1
+    table = e2e_bench.greedy_table({"greedy": greedy})
+    assert "| fl-defaults | 0 | 2-3 | 3 6 / 8, 3.4 (2.9): DEFECT (as native-L1off) |" in table
+    assert "| flagos-L1off | 0 | 2-3 | 3 6 / 9, 3.4 (2.9): DEFECT |" in table
+
+    greedy, marked = run({"native-L1off": same, "fl-defaults": same, "sglang-own": same})
+    assert sorted(marked) == [("fl-defaults", 0, 3, "sglang-own"), ("native-L1off", 0, 3, "sglang-own"),
+                              ("sglang-own", 0, 3, "sglang-own")]
+    assert e2e_bench.exit_status({"greedy": greedy}) == 0
+    # A first parting is attributed the same way.
+    greedy, marked = run({"native-L1off": [[2, 7]], "fl-defaults": [[2, 7]], "sglang-own": [[2, 8]],
+                          "flagos-L1off": [[3, 7]]})
+    assert sorted(marked) == [("fl-defaults", 0, 0, "sglang-own"), ("native-L1off", 0, 0, "sglang-own"),
+                              ("sglang-own", 0, 0, "sglang-own")]
+    assert greedy["verdicts"]["fl-defaults"][0]["as"] == "sglang-own"
+    assert "as" not in greedy["verdicts"]["flagos-L1off"][0]
+    assert e2e_bench.exit_status({"greedy": greedy}) == 1
+
+
+def test_sglang_own_routes_nothing_through_sglang_fl():
+    """The witness of `attribute_to_sglang`: Layer 2 off (and with it the GDN routes, which
+    plugin.py installs only under it) and Layer 1 off, whatever the platform YAML says."""
+    from sglang_fl.config import build_settings
+
+    env = e2e_bench.resolve_configs(["sglang-own"])["sglang-own"][0]
+    settings = build_settings(env=env, detect_platform=lambda: "cuda")
+    assert (settings.oot_enabled, settings.use_flaggems) == (False, False)
+    assert e2e_bench.SGLANG_OWN[0] == "sglang-own"
+
+
 def test_a_first_parting_left_undecided_is_settled_on_hfs_logits_along_the_served_ids():
     """HF's reference kept 3 logits of a step with more within the bound (incomplete), and the
     served token is not among them: `judge` cannot decide. HF along the served ids keeps the
