@@ -466,7 +466,8 @@ def past_parting(served, verdicts, prompts, along):
     configurations that leave HF alike and then part from each other are judged so; HF's
     reference (on HF's own ids) does not cover those steps. ``along(paths)`` gives HF's
     logits along each ``(prompt, ids)`` (`cached_hf_along`); it is not called when no
-    configuration left HF's ids early or undecided. A first parting `judge` left undecided is
+    configuration left HF's ids early or undecided. Where a server's ids carry its top
+    logprobs (`GreedyIds`), each departure holds `step_evidence` too. A first parting `judge` left undecided is
     judged again on those logits (`settle`): its row in ``verdicts`` is replaced."""
     todo = []
     for name, rows in verdicts.items():
@@ -480,9 +481,10 @@ def past_parting(served, verdicts, prompts, along):
     for (name, k, i, got, start), entry in zip(todo, entries, strict=True):
         verdicts[name][k] = settle(verdicts[name][k], entry) or verdicts[name][k]
         if start is not None:
+            top = (getattr(served[name], "top_logprobs", None) or [None] * (i + 1))[i]
             out.setdefault(name, []).append({"prompt": i, "from_step": start,
                                              "steps": len(got) - start,
-                                             "departures": judge_along(got, entry, start)})
+                                             "departures": judge_along(got, entry, start, top)})
     return out
 
 
@@ -1176,6 +1178,14 @@ def greedy_table(doc):
     return "\n".join(lines + _past_parting_table(greedy, num))
 
 
+def _step_evidence_text(d, num) -> str:
+    """`step_evidence` of one departure, where the server's logprobs gave it."""
+    if "step_shared" not in d:
+        return ""
+    return (f" [served noise {num(d['step_noise'])} / {num(d['step_witness_noise'])}, "
+            f"{d['step_shared']}/{d['step_top']} of its top in HF's]")
+
+
 def _past_parting_table(greedy, num):
     """Past each first parting: the steps where a server's token is not HF's pick on the
     server's own context (`past_parting`)."""
@@ -1194,7 +1204,8 @@ def _past_parting_table(greedy, num):
                 f"{d['step']} {d['hf_token']} / {d['served_token']}, "
                 + (num(d["margin"]) if d["margin_at_least"] is None
                    else f"> {num(d['margin_at_least'])}")
-                + f" ({num(d['bound'])}): {_label(d)}" for d in r["departures"])
+                + f" ({num(d['bound'])}): {_label(d)}" + _step_evidence_text(d, num)
+                for d in r["departures"])
             lines.append(f"| {name} | {r['prompt']} | {r['from_step']}-{r['from_step'] + r['steps'] - 1}"
                          f" | {found or 'none: HF picks the served token at each'} |")
     return lines

@@ -379,17 +379,36 @@ def along_start(step: int | None, length: int) -> int | None:
     return None if step is None or step + 1 >= length else step + 1
 
 
-def judge_along(got, along: dict, start: int) -> list[dict]:
+def judge_along(got, along: dict, start: int, top=None) -> list[dict]:
     """Each step of ``got`` from ``start`` on where the served token is not HF's argmax given
     the served prefix (`hf_along`), with its `_verdict`: past the first parting from HF's ids
     every later step is judged on the server's own context, so two configurations that leave
-    HF alike and then part from each other are judged there too."""
+    HF alike and then part from each other are judged there too. ``top`` (the server's top
+    logprobs per step, as `served_evidence` takes them) adds `step_evidence` to each."""
     out = []
     for j in range(start, min(len(got), len(along["steps"]))):
         at = along["steps"][j]
         if got[j] != at["top_ids"][0]:
-            out.append({"step": j, **_verdict(at, at["top_ids"][0], got[j])})
+            seen = step_evidence(got[j], top[j], at) if top and j < len(top) and top[j] else {}
+            out.append({"step": j, **_verdict(at, at["top_ids"][0], got[j]), **seen})
     return out
+
+
+def step_evidence(got: int, top, at: dict) -> dict:
+    """What the server's own top logprobs ``top`` (``[[token, logprob], ...]``) say at one
+    step ``at`` of HF's logits on the same context, where it served ``got``: ``step_noise``,
+    the RMS over the other tokens both hold of (served - HF) difference to ``got``, against
+    ``step_witness_noise``, sqrt(2) x HF's own witness noise there (what the near-tie bound
+    assumes); ``step_shared`` of ``step_top`` served tokens are among HF's kept logits. A
+    step where the served distribution as a whole moved away from HF's, further than rounding
+    moves it, shows a large noise and few shared tokens. Evidence, not a verdict."""
+    served = dict(top)
+    hf = dict(zip(at["top_ids"], at["top_logits"], strict=True))
+    diffs = ([(served[t] - served[got]) - (hf[t] - hf[got]) for t in served
+              if t != got and t in hf] if got in served and got in hf else [])
+    return {"step_noise": math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else None,
+            "step_witness_noise": math.sqrt(2.0) * at["noise"],
+            "step_shared": sum(t in hf for t in served), "step_top": len(served)}
 
 
 def settle(verdict: dict, along: dict) -> dict | None:

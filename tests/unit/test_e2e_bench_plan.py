@@ -542,6 +542,14 @@ def test_past_the_first_parting_the_later_steps_are_judged_on_each_servers_conte
     assert e2e_bench.past_parting({"same": served["same"]}, {"same": verdicts["same"]},
                                   [[100, 101]], along) == {}
     assert len(asked) == 2  # nothing to ask HF the last time
+    # A server's own top logprobs, where it gave them, add each departure's evidence.
+    served["fl"] = e2e_bench.GreedyIds(served["fl"], [[None, None, None, [[8, -1.0], [6, -1.5]]]])
+    rows = e2e_bench.past_parting({"fl": served["fl"]}, {"fl": verdicts["fl"]}, [[100, 101]], along)
+    (d,) = rows["fl"][0]["departures"]
+    assert d["step_noise"] == pytest.approx(abs((-1.5 + 1.0) - (3.0 - 2.9)))
+    assert (d["step_shared"], d["step_top"]) == (2, 2)
+    assert "[served noise 0.6 / 0.1414, 2/2 of its top in HF's]" in e2e_bench.greedy_table(
+        {"greedy": {"verdicts": {"fl": verdicts["fl"]}, "past_parting": rows}})
 
 
 def test_a_defect_sglangs_own_kernels_make_on_the_same_ids_is_theirs_and_not_a_failure():

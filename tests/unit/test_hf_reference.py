@@ -268,6 +268,25 @@ def test_past_the_first_parting_each_step_is_judged_on_the_servers_own_context()
     assert hr.judge_along([5, 8, 3, 2, 1], path, start=2) == []  # HF's picks all along
 
 
+def test_a_departures_evidence_says_how_far_the_served_distribution_moved_there():
+    """`step_evidence`: the served two-logit differences to the served token against HF's,
+    as an RMS beside sqrt(2) x HF's witness noise, and how many served top tokens HF kept;
+    judge_along adds it to each departure where the server's logprobs are given."""
+    at = {"top_ids": [6, 8, 5, 4], "top_logits": [3.0, 2.0, 1.0, 0.5], "noise": 0.1}
+    top = [[8, -1.0], [6, -1.1], [5, -2.0], [99, -2.5]]
+    ev = hr.step_evidence(8, top, at)
+    # 6: (-1.1 + 1.0) - (3.0 - 2.0) = -1.1; 5: (-2.0 + 1.0) - (1.0 - 2.0) = 0; 99: not HF's
+    assert ev["step_noise"] == pytest.approx(math.sqrt((1.1 ** 2 + 0.0) / 2))
+    assert ev["step_witness_noise"] == pytest.approx(math.sqrt(2) * 0.1)
+    assert (ev["step_shared"], ev["step_top"]) == (3, 4)
+    assert hr.step_evidence(7, top, at)["step_noise"] is None  # not among the served top
+    path = along([([5, 9], [3.0, 2.0], 0.1), ([6, 8, 5, 4], [3.0, 2.0, 1.0, 0.5], 0.1)])
+    (row,) = hr.judge_along([5, 8], path, start=1, top=[None, top])
+    assert row["verdict"] == hr.DEFECT and row["step_shared"] == 3
+    assert "step_noise" not in hr.judge_along([5, 8], path, start=1)[0]
+    assert "step_noise" not in hr.judge_along([5, 8], path, start=1, top=[None, None])[0]
+
+
 class FakeAlong:
     """Stands in for `hf_along`: records the (prompt, ids) paths it was asked for."""
 
