@@ -467,8 +467,9 @@ def past_parting(served, verdicts, prompts, along):
     reference (on HF's own ids) does not cover those steps. ``along(paths)`` gives HF's
     logits along each ``(prompt, ids)`` (`cached_hf_along`); it is not called when no
     configuration left HF's ids early or undecided. Where a server's ids carry its top
-    logprobs (`GreedyIds`), each departure holds `step_evidence` too. A first parting `judge` left undecided is
-    judged again on those logits (`settle`): its row in ``verdicts`` is replaced."""
+    logprobs (`GreedyIds`), each departure holds `step_evidence` too. A first parting `judge`
+    left undecided is judged again on those logits (`settle`): its row in ``verdicts`` is
+    replaced."""
     todo = []
     for name, rows in verdicts.items():
         for k, r in enumerate([] if isinstance(rows, dict) else rows):
