@@ -358,7 +358,7 @@ def _verdict(at: dict, want: int, got: int) -> dict:
     """One step ``at`` (kept logits and noise) where the served token ``got`` is not HF's
     ``want``: HF's top-1/top-2 gap, its margin over ``got`` (or the least it can be), the bound
     and the verdict (`judge`)."""
-    logit = dict(zip(at["top_ids"], at["top_logits"], strict=True))
+    logit = _hf_logits(at)
     best = logit[want]
     others = [v for t, v in logit.items() if t != want]
     bound = near_tie_bound(at["noise"])
@@ -402,13 +402,27 @@ def step_evidence(got: int, top, at: dict) -> dict:
     assumes); ``step_shared`` of ``step_top`` served tokens are among HF's kept logits. A
     step where the served distribution as a whole moved away from HF's, further than rounding
     moves it, shows a large noise and few shared tokens. Evidence, not a verdict."""
-    served = dict(top)
-    hf = dict(zip(at["top_ids"], at["top_logits"], strict=True))
-    diffs = ([(served[t] - served[got]) - (hf[t] - hf[got]) for t in served
-              if t != got and t in hf] if got in served and got in hf else [])
-    return {"step_noise": math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else None,
-            "step_witness_noise": math.sqrt(2.0) * at["noise"],
+    served, hf = dict(top), _hf_logits(at)
+    diffs = _diffs_to(got, served, hf) or []
+    return {"step_noise": _rms(diffs), "step_witness_noise": math.sqrt(2.0) * at["noise"],
             "step_shared": sum(t in hf for t in served), "step_top": len(served)}
+
+
+def _hf_logits(at: dict) -> dict:
+    return dict(zip(at["top_ids"], at["top_logits"], strict=True))
+
+
+def _diffs_to(chosen: int, served: dict, hf: dict) -> list[float] | None:
+    """(served - HF) difference of each other token both hold to ``chosen``; None where
+    either lacks ``chosen``."""
+    if chosen not in served or chosen not in hf:
+        return None
+    return [(served[t] - served[chosen]) - (hf[t] - hf[chosen])
+            for t in served if t != chosen and t in hf]
+
+
+def _rms(values: list[float]) -> float | None:
+    return math.sqrt(sum(v * v for v in values) / len(values)) if values else None
 
 
 def settle(verdict: dict, along: dict) -> dict | None:
@@ -449,14 +463,10 @@ def served_evidence(got, top, reference: dict) -> dict:
     last = min(len(top), len(steps), len(want) if parting is None else parting)
     diffs, noises = [], []
     for j in range(last):
-        served = dict(top[j])
-        hf = dict(zip(steps[j]["top_ids"], steps[j]["top_logits"], strict=True))
-        chosen = want[j]
-        if chosen not in served or chosen not in hf:
-            continue
-        noises.append(steps[j]["noise"])
-        diffs += [(served[t] - served[chosen]) - (logit - hf[chosen])
-                  for t, logit in hf.items() if t != chosen and t in served]
+        step = _diffs_to(want[j], dict(top[j]), _hf_logits(steps[j]))
+        if step is not None:
+            noises.append(steps[j]["noise"])
+            diffs += step
     margin = None
     if parting is not None and parting < len(top):
         served = dict(top[parting])
@@ -464,6 +474,6 @@ def served_evidence(got, top, reference: dict) -> dict:
             margin = served[got[parting]] - served[want[parting]]
     noises.sort()
     return {"served_margin": margin,
-            "served_noise": math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else None,
+            "served_noise": _rms(diffs),
             "witness_noise": math.sqrt(2.0) * noises[len(noises) // 2] if noises else None,
             "noise_pairs": len(diffs)}
