@@ -642,6 +642,14 @@ def stop_on_sigterm():
     signal.signal(signal.SIGTERM, stop)
 
 
+def repeats_end(t0: float, max_seconds: float | None, end_by: float | None) -> float | None:
+    """When `run_groups` stops starting repeats: the sooner of ``t0 + max_seconds`` and
+    ``end_by`` (absolute), or None where neither is given."""
+    ends = [t for t in (None if max_seconds is None else t0 + max_seconds, end_by)
+            if t is not None]
+    return min(ends) if ends else None
+
+
 def run_groups(groups, anchor, open_server, measure_one, greedy, on_failure, *, repeats,
                new_tokens, end_time=None, clock=time.time):
     """Measure ``groups`` (each led by ``anchor``) one after another.
@@ -891,6 +899,10 @@ def main(argv=None):
                     help="stop starting new repeats after this many seconds from launch, split "
                          "evenly over the groups (the JSON still records every completed "
                          "repeat); for a hard time limit")
+    ap.add_argument("--end-by", type=float, default=None,
+                    help="Unix time by which the repeats must end, whatever --max-seconds says: "
+                         "what a device call's deadline leaves after the HF check "
+                         "(gpu_session.sh sets it from CALL_END)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--mem-fraction", type=float, default=None,
                     help="SGLang's --mem-fraction-static for every server (default: per server, "
@@ -980,7 +992,7 @@ def main(argv=None):
         run = run_groups(
             groups, anchor, open_server, lambda srv, seed, n: measure(srv, vocab, seed, n),
             greedy, on_failure, repeats=args.repeats, new_tokens=args.new_tokens,
-            end_time=None if args.max_seconds is None else t0 + args.max_seconds)
+            end_time=repeats_end(t0, args.max_seconds, args.end_by))
         doc["groups"] = run["groups"]
         doc["start_seconds"] = run["start_seconds"]
         if run["stopped"]:

@@ -92,6 +92,32 @@ PY=${PY:-python3}
 
 log() { echo "== [$(date -u +%H:%M:%S)] $*"; }
 
+#: A device call's deadline in Unix seconds, set by the call script (`export CALL_END=$(( $(date
+#: +%s) + 545 ))`). A stage's *_TIMEOUT counts from its own start and cannot know what the
+#: stages before it took (install, the checkpoints): on 2026-12-07 a call's shapes stage ran past
+#: the call's limit and nothing of it came back. With CALL_END set, every stage's timeout is cut
+#: to end PACK_RESERVE s (default 25) before it, and e2e_bench's repeats end JUDGE_RESERVE s
+#: (default 60) before that, which leaves its HF check and `pack` their time.
+if [[ -n ${CALL_END:-} && ! $CALL_END =~ ^[0-9]+$ ]]; then
+  echo "CALL_END must be Unix seconds (as \`date +%s\` prints), got '$CALL_END'" >&2
+  exit 2
+fi
+budget() {  # budget SECONDS: SECONDS, or what CALL_END leaves where that is less
+  local want=$1 left
+  [[ -n ${CALL_END:-} ]] || { echo "$want"; return; }
+  left=$(( CALL_END - $(date +%s) - ${PACK_RESERVE:-25} ))
+  if (( left < want )); then
+    echo "budget: ${want} s cut to $(( left > 1 ? left : 1 )) s by CALL_END" >&2
+    want=$(( left > 1 ? left : 1 ))
+  fi
+  echo "$want"
+}
+end_by() {  # e2e_bench's --end-by from CALL_END, into the array END_BY (empty without it)
+  END_BY=()
+  [[ -n ${CALL_END:-} ]] && END_BY=(--end-by "$(( CALL_END - ${PACK_RESERVE:-25} - ${JUDGE_RESERVE:-60} ))")
+  return 0
+}
+
 args() { read -ra ARGS <<< "${1:-}"; }  # split an *_ARGS variable into the array ARGS
 
 #: What earlier installs on this machine added to the image (packages absent before them): an
@@ -207,7 +233,7 @@ empty_servers() {
   log "empty mode: the served GPU tests ($PY)"
   # A test waiting for a checkpoint written ahead gives up (naming it) before the timeout kills.
   SGLANG_FL_TEST_AHEAD_WAIT=${SGLANG_FL_TEST_AHEAD_WAIT:-$(( ${EMPTY_TIMEOUT:-300} - 60 ))} \
-  timeout "${EMPTY_TIMEOUT:-300}" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
+  timeout "$(budget "${EMPTY_TIMEOUT:-300}")" "$PY" -m pytest tests/e2e/test_gpu_empty_mode.py -q \
     -n "${EMPTY_WORKERS:-4}" -p no:cacheprovider -o addopts="-rfEs" --durations=8 2>&1 \
     | tee "$OUT/gpu-empty-mode.log" | tail -n 40
 }
@@ -225,14 +251,14 @@ stage_tests() {
   args "${PYTEST_ARGS:-}"
   # PYTEST_K: one -k expression with spaces ("a or b"), which PYTEST_ARGS would split.
   [[ -n ${PYTEST_K:-} ]] && ARGS+=(-k "$PYTEST_K")
-  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest tests/gpu -m gpu -v -p no:cacheprovider \
+  timeout "$(budget "${TESTS_TIMEOUT:-420}")" "$PY" -m pytest tests/gpu -m gpu -v -p no:cacheprovider \
     -o addopts="-rfEs" --junitxml="$OUT/gpu-tests.xml" "${ARGS[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 60
 }
 
 stage_ops() {
   log "op benchmark"
   args "${OPS_ARGS:-}"
-  timeout "${OPS_TIMEOUT:-300}" "$PY" benchmarks/op_bench.py --out "$OUT/ops.json" --replays 5 "${ARGS[@]}" \
+  timeout "$(budget "${OPS_TIMEOUT:-300}")" "$PY" benchmarks/op_bench.py --out "$OUT/ops.json" --replays 5 "${ARGS[@]}" \
     2>&1 | tee "$OUT/ops.log" | tail -n 60
 }
 
@@ -249,15 +275,16 @@ stage_model() {
 stage_e2e() {
   log "e2e benchmark"
   args "${E2E_ARGS:-}"
-  timeout "${E2E_TIMEOUT:-480}" "$PY" benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
-    --log-dir /tmp/e2e-logs "${ARGS[@]}" 2>&1 | tee "$OUT/e2e.log" | tail -n 60
+  end_by
+  timeout "$(budget "${E2E_TIMEOUT:-480}")" "$PY" benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
+    --log-dir /tmp/e2e-logs "${END_BY[@]}" "${ARGS[@]}" 2>&1 | tee "$OUT/e2e.log" | tail -n 60
   tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs 2>/dev/null
 }
 
 stage_tune() {
   log "sglang-fl tune on $MODEL_DIR"
   args "${TUNE_ARGS:-}"
-  timeout "${TUNE_TIMEOUT:-300}" "$PY" -m sglang_fl.cli tune --model "$MODEL_DIR" \
+  timeout "$(budget "${TUNE_TIMEOUT:-300}")" "$PY" -m sglang_fl.cli tune --model "$MODEL_DIR" \
     --out "$OUT/tuned.yaml" "${ARGS[@]}" 2>&1 | tee "$OUT/tune.log" | tail -n 40
 }
 
@@ -289,7 +316,7 @@ stage_treecore() {  # SGLang 0.5.23's Rust TreeCore under this torch: which tens
 stage_profile() {
   log "decode profile (torch profiler trace + py-spy) on $MODEL_DIR"
   args "${PROFILE_ARGS:-}"
-  timeout "${PROFILE_TIMEOUT:-400}" "$PY" benchmarks/step_profile.py --phase decode \
+  timeout "$(budget "${PROFILE_TIMEOUT:-400}")" "$PY" benchmarks/step_profile.py --phase decode \
     --model "$MODEL_DIR" --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" \
     | tail -n 30
   cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
@@ -298,14 +325,14 @@ stage_profile() {
 
 stage_prefillprofile() {
   log "prefill profile: op_bench at prefill sizes, the launch cost by path, then step_profile --phase prefill on $MODEL_DIR"
-  timeout "${PREFILL_OPS_TIMEOUT:-75}" "$PY" benchmarks/op_bench.py --backends flagos,vendor.cuda \
+  timeout "$(budget "${PREFILL_OPS_TIMEOUT:-75}")" "$PY" benchmarks/op_bench.py --backends flagos,vendor.cuda \
     --ops rms_norm,fused_add_rms_norm,rotary_embedding,silu_and_mul --tokens 512,2048,4096,16384 \
     --replays 5 --out "$OUT/prefill-ops.json" 2>&1 | tee "$OUT/prefill-ops.log" | tail -n 40
-  timeout "${LAUNCH_COST_TIMEOUT:-60}" "$PY" benchmarks/launch_cost.py --out "$OUT/launch-cost.json" 2>&1 \
+  timeout "$(budget "${LAUNCH_COST_TIMEOUT:-60}")" "$PY" benchmarks/launch_cost.py --out "$OUT/launch-cost.json" 2>&1 \
     | tee "$OUT/launch-cost.log" | tail -n 8
   args "${PREFILL_ARGS:-}"
   rm -rf /tmp/prefill-profile
-  timeout "${PREFILL_TIMEOUT:-170}" "$PY" benchmarks/step_profile.py --phase prefill \
+  timeout "$(budget "${PREFILL_TIMEOUT:-170}")" "$PY" benchmarks/step_profile.py --phase prefill \
     --model "$MODEL_DIR" --out /tmp/prefill-profile "${ARGS[@]}" 2>&1 \
     | tee "$OUT/prefill-profile.log" | tail -n 45
   cp /tmp/prefill-profile/prefill-profile.json "$OUT/prefill-profile-$(sglang_version).json" 2>/dev/null
@@ -342,9 +369,10 @@ stage_shapes() {
     fi
     read -ra args <<< "${SHAPES_ARGS:---repeats 2 --new-tokens 32}"
     [[ -n ${2:-} ]] && dev=(env "CUDA_VISIBLE_DEVICES=$2")
-    timed "e2e-$p" "${dev[@]}" timeout "${SHAPES_TIMEOUT:-360}" "$PY" benchmarks/e2e_bench.py \
+    end_by
+    timed "e2e-$p" "${dev[@]}" timeout "$(budget "${SHAPES_TIMEOUT:-360}")" "$PY" benchmarks/e2e_bench.py \
       --model "$root/shapes-$p" --configs "$configs" --out "$OUT/shapes-$p.json" \
-      --log-dir "$logs/$p" --hf-reference "$ref" "${args[@]}" > "$OUT/shapes-$p.log" 2>&1
+      --log-dir "$logs/$p" --hf-reference "$ref" "${END_BY[@]}" "${args[@]}" > "$OUT/shapes-$p.log" 2>&1
   }
   for p in "${presets[@]}"; do
     if (( gpus >= 2 )); then  # one preset per GPU, side by side

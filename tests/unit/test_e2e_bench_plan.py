@@ -273,6 +273,14 @@ def test_the_time_budget_is_shared_by_the_groups():
     assert all(r > 3 for r in reps) and sum(reps) < 40  # both groups measured, within budget
 
 
+def test_the_repeats_end_at_the_sooner_of_max_seconds_and_the_calls_deadline():
+    assert e2e_bench.repeats_end(1000.0, None, None) is None
+    assert e2e_bench.repeats_end(1000.0, 380.0, None) == 1380.0
+    assert e2e_bench.repeats_end(1000.0, None, 1200.0) == 1200.0
+    assert e2e_bench.repeats_end(1000.0, 380.0, 1200.0) == 1200.0  # the deadline is sooner
+    assert e2e_bench.repeats_end(1000.0, 100.0, 1200.0) == 1100.0
+
+
 def test_a_stop_keeps_the_whole_repeats_and_the_greedy_ids_taken_and_stops_every_server():
     """SIGTERM (a stage's timeout) in the second group's second repeat: group 1's repeats and
     greedy ids are kept, the repeat under way is dropped, both servers still up are stopped."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +85,49 @@ def test_a_checkpoint_made_by_an_earlier_call_is_reused(tmp_path):
     assert f"{root}/shapes-qwen3.6-27b kept from an earlier call" in text
     runs = [c.split()[2] for c in calls if c.startswith("benchmarks/e2e_bench.py")]
     assert runs == [f"{root}/shapes-qwen3.6-27b", f"{root}/shapes-qwen3.6-35b-a3b"]
+
+
+FAKE_TIMEOUT = """#!/usr/bin/env bash
+# records the limit it was given, then runs the command as coreutils' timeout would
+echo "timeout $1" >> "$CALLS"
+shift
+exec "$@"
+"""
+
+
+def with_fake_timeout(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "timeout").write_text(FAKE_TIMEOUT)
+    (bin_dir / "timeout").chmod(stat.S_IRWXU)
+
+
+def test_a_call_deadline_cuts_the_stage_and_ends_the_repeats_before_the_hf_check(tmp_path):
+    """With CALL_END (the call script's deadline) e2e_bench runs under a timeout that ends
+    PACK_RESERVE s before it, whatever SHAPES_TIMEOUT says, and is told by --end-by to stop
+    its repeats JUDGE_RESERVE s before that: 2026-12-07's first call lost its whole shapes
+    stage to a fixed timeout counted from the stage's own start."""
+    with_fake_timeout(tmp_path)
+    end = int(time.time()) + 100
+    text, calls, _ = run_stage(tmp_path, 1, SHAPES_PRESETS="qwen3.6-27b", SHAPES_TIMEOUT="360",
+                               CALL_END=str(end))
+    limits = [int(c.split()[1]) for c in calls if c.startswith("timeout ")]
+    assert len(limits) == 1 and 1 <= limits[0] <= 75
+    assert "budget: 360 s cut to" in text
+    run = next(c for c in calls if c.startswith("benchmarks/e2e_bench.py"))
+    assert f"--end-by {end - 85} --repeats 2" in run
+
+    (tmp_path / "free").mkdir()
+    with_fake_timeout(tmp_path / "free")
+    text, calls, _ = run_stage(tmp_path / "free", 1, SHAPES_PRESETS="qwen3.6-27b",
+                               SHAPES_TIMEOUT="360")
+    assert [c for c in calls if c.startswith("timeout ")] == ["timeout 360"]
+    assert "--end-by" not in next(c for c in calls if c.startswith("benchmarks/e2e_bench.py"))
+
+
+def test_a_call_deadline_that_is_not_unix_seconds_is_refused_by_name(tmp_path):
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "shapes"], cwd=ROOT,
+                          env={**os.environ, "OUT": str(tmp_path / "out"), "CALL_END": "+545"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "CALL_END must be Unix seconds" in proc.stderr and "'+545'" in proc.stderr
