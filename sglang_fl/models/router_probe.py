@@ -1,0 +1,158 @@
+"""Whether a served MoE model's token that HF fp32 puts beyond the near-tie bound comes from a
+router near-tie: one token's k-th and (k+1)-th experts closer than bf16 rounding can tell apart.
+
+The near-tie rule (`hf_reference`) measures rounding on the output logits. A router that picks
+another expert for one token of the prefix is a discrete change, and its effect can be far
+larger than that spread: the whole next-token distribution moves (seen on the Qwen3.6-35B-A3B
+shape, with 256 experts, in SGLang's own forward and in sglang-fl's alike; docs/performance.md,
+2026-12-06/07). This probe takes HF fp32 along the served prefix and finds every (layer,
+position) whose top-k boundary gap is within `NEAR_TIE_SIGMAS` x sqrt(2) x the router logits'
+rounding noise there. The noise is measured like the logits' own: the witness (bf16) minus
+fp32, centred per token, per layer. For each such near-tie, closest first, it reruns fp32 with
+that one expert swapped for its runner-up (the routing weight kept: within the noise they are
+equal). A swap after which HF's margin over the served token falls within the step's bound (or
+the served token wins) explains the step: a rounding-sized router flip gives it. Evidence in
+HF's own model, run on a GPU after the servers stop (`benchmarks/e2e_bench.py`)."""
+
+from __future__ import annotations
+
+import math
+
+from sglang_fl.models.hf_reference import (
+    NEAR_TIE_SIGMAS,
+    _matmul_precision,
+    free_device_memory,
+    load_hf_model,
+)
+
+#: Near-ties swapped one at a time, closest first: each is one fp32 forward of the prefix
+#: (tens of ms on a GPU for the Qwen3.6 shapes' 8 layers and 40 tokens).
+MAX_FLIPS = 128
+
+
+def routers(model) -> list:
+    """The MoE routers of ``model`` in layer order: transformers 5's ``*TopKRouter`` modules,
+    which return (router logits, routing weights, expert indices) and carry ``top_k``."""
+    found = [m for m in model.modules()
+             if type(m).__name__.endswith("TopKRouter") and hasattr(m, "top_k")]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no MoE router (a transformers "
+                         "*TopKRouter module): the router probe is for MoE models")
+    return found
+
+
+def _forward(model, seq, device, hooks=()):
+    """fp32 logits of the last position of ``seq`` (what predicts the next token)."""
+    import torch
+
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        with torch.no_grad(), _matmul_precision(tf32=False):
+            x = torch.tensor([list(seq)], device=device)
+            return model(input_ids=x).logits[0, -1].float().cpu()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def router_logits(model, seq, device) -> tuple[list, object]:
+    """(per router, its logits over ``seq`` as a [tokens, experts] float CPU tensor; the last
+    position's output logits)."""
+    found, captured = routers(model), {}
+
+    def keep(i):
+        def hook(_module, _inputs, output):
+            captured[i] = output[0].detach().float().cpu()
+        return hook
+
+    last = _forward(model, seq, device, [(r, keep(i)) for i, r in enumerate(found)])
+    return [captured[i] for i in range(len(found))], last
+
+
+def router_noise(fp32, witness) -> list[float]:
+    """Per router, the spread of (witness - fp32) router logits, centred per token (a shift of
+    every expert alike changes no choice)."""
+    out = []
+    for f, w in zip(fp32, witness, strict=True):
+        d = w - f
+        out.append(float((d - d.mean(dim=-1, keepdim=True)).std()))
+    return out
+
+
+def near_ties(logits, top_k: int, noise, sigmas: float = NEAR_TIE_SIGMAS) -> list[dict]:
+    """Every (router, position) whose k-th and (k+1)-th expert logits are closer than
+    ``sigmas`` x sqrt(2) x that router's ``noise``, closest (in deviations) first: the expert
+    chosen (``out``), its runner-up (``in``), the gap and the gap in deviations."""
+    rows = []
+    for layer, (row, sd) in enumerate(zip(logits, noise, strict=True)):
+        if sd <= 0:
+            continue
+        top = row.topk(top_k + 1, dim=-1)
+        gaps = (top.values[:, top_k - 1] - top.values[:, top_k]).tolist()
+        bound = sigmas * math.sqrt(2.0) * sd
+        for pos, gap in enumerate(gaps):
+            if gap <= bound:
+                rows.append({"router": layer, "position": pos,
+                             "out": int(top.indices[pos, top_k - 1]),
+                             "in": int(top.indices[pos, top_k]),
+                             "gap": round(gap, 6), "gap_sigmas": round(gap / (math.sqrt(2.0) * sd), 3)})
+    rows.sort(key=lambda r: r["gap_sigmas"])
+    return rows
+
+
+def _swap(position: int, out: int, into: int):
+    """A forward hook on a router: at ``position`` the expert ``out`` is replaced by ``into``,
+    with its routing weight."""
+    def hook(_module, _inputs, output):
+        if not (isinstance(output, tuple) and len(output) == 3):
+            raise TypeError("a *TopKRouter should return (logits, weights, indices); got "
+                            f"{type(output).__name__}")
+        logits, weights, indices = output
+        indices = indices.clone()
+        row = indices[position]
+        row[row == out] = into
+        return logits, weights, indices
+    return hook
+
+
+def logits_with_flip(model, seq, flip: dict, device):
+    """The last position's fp32 logits with one `near_ties` row's expert swapped."""
+    router = routers(model)[flip["router"]]
+    return _forward(model, seq, device, [(router, _swap(flip["position"], flip["out"], flip["in"]))])
+
+
+def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
+          sigmas: float = NEAR_TIE_SIGMAS, max_flips: int = MAX_FLIPS) -> list[dict]:
+    """Per case ``(prefix, served, bound)``: whether a router near-tie in HF fp32 along
+    ``prefix`` (the prompt and the served ids before the step) explains the server's token
+    ``served`` there, where HF's margin over it exceeds ``bound`` (the step's near-tie bound).
+    ``explained_by``: the first swap, closest first, after which HF's margin over ``served`` is
+    within ``bound`` (None where none of the first ``max_flips`` is). Each model is loaded
+    once for every case: the witness first, then fp32."""
+    model = load_hf_model(model_path, witness, device)
+    seen = [router_logits(model, prefix, device)[0] for prefix, _, _ in cases]
+    del model
+    free_device_memory(device)
+    model = load_hf_model(model_path, "float32", device)
+    out = []
+    try:
+        top_k = routers(model)[0].top_k
+        for (prefix, served, bound), witnessed in zip(cases, seen, strict=True):
+            exact, last = router_logits(model, prefix, device)
+            noise = router_noise(exact, witnessed)
+            ties = near_ties(exact, top_k, noise, sigmas)
+            flips = []
+            for flip in ties[:max_flips]:
+                row = logits_with_flip(model, prefix, flip, device)
+                flips.append({**flip, "hf_token": int(row.argmax()),
+                              "margin": round(float(row.max() - row[served]), 6)})
+            out.append({"served_token": served, "hf_token": int(last.argmax()),
+                        "margin": round(float(last.max() - last[served]), 6), "bound": bound,
+                        "top_k": top_k, "router_noise": [round(v, 6) for v in noise],
+                        "near_ties": len(ties), "flips_tried": len(flips),
+                        "explained_by": next((f for f in flips if f["margin"] <= bound), None),
+                        "least_margin": min((f["margin"] for f in flips), default=None)})
+    finally:
+        del model
+        free_device_memory(device)
+    return out

@@ -1,0 +1,80 @@
+"""The router probe (sglang_fl/models/router_probe.py) on a real tiny Qwen3.5-MoE checkpoint
+in HF transformers: it finds the (router, position) near-ties that bf16 rounding can flip, a
+swap changes HF's own forward the way a served router flip would, and a served token that such
+a swap gives is explained while one that no swap reaches is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_fl.models import router_probe as rp
+from sglang_fl.models.hf_reference import load_hf_model
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+
+PROMPT = list(range(5, 37))
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    from sglang_fl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("moe") / "qwen3.5-moe", preset="qwen3.5-moe")
+
+
+@pytest.fixture(scope="module")
+def fp32(moe):
+    return load_hf_model(moe, "float32")
+
+
+def test_every_router_is_found_and_its_logits_are_the_ones_it_routes_by(fp32):
+    found = rp.routers(fp32)
+    assert len(found) == 4 and {r.top_k for r in found} == {4}
+    logits, last = rp.router_logits(fp32, PROMPT, "cpu")
+    assert [tuple(t.shape) for t in logits] == [(len(PROMPT), 16)] * 4
+    with torch.no_grad():
+        want = fp32(input_ids=torch.tensor([PROMPT])).logits[0, -1]
+    assert torch.allclose(last, want, atol=1e-5)
+
+
+def test_a_model_without_a_router_is_refused_by_name(tiny_model):
+    with pytest.raises(ValueError, match="has no MoE router"):
+        rp.routers(load_hf_model(tiny_model))
+
+
+def test_a_swap_changes_only_the_forward_from_its_position_on(fp32):
+    ties = rp.near_ties(rp.router_logits(fp32, PROMPT, "cpu")[0], 4, [1.0] * 4, sigmas=100.0)
+    flip = next(t for t in ties if t["position"] == 20)
+    router = rp.routers(fp32)[flip["router"]]
+    with torch.no_grad():
+        base = fp32(input_ids=torch.tensor([PROMPT])).logits[0]
+        handle = router.register_forward_hook(rp._swap(flip["position"], flip["out"], flip["in"]))
+        try:
+            swapped = fp32(input_ids=torch.tensor([PROMPT])).logits[0]
+        finally:
+            handle.remove()
+    # causal: the tokens before it are untouched (to the order of fp32 sums in the experts)
+    assert torch.allclose(base[:20], swapped[:20], atol=1e-5)
+    assert not torch.allclose(base[20], swapped[20])
+    assert torch.allclose(rp.logits_with_flip(fp32, PROMPT, flip, "cpu"), swapped[-1], atol=1e-5)
+
+
+def test_a_served_token_a_rounding_sized_flip_gives_is_explained_and_one_none_gives_is_not(
+        moe, fp32):
+    logits, last = rp.router_logits(fp32, PROMPT, "cpu")
+    witness = rp.router_logits(load_hf_model(moe, "bfloat16"), PROMPT, "cpu")[0]
+    ties = rp.near_ties(logits, 4, rp.router_noise(logits, witness))
+    assert ties and all(t["gap_sigmas"] <= rp.NEAR_TIE_SIGMAS for t in ties)
+    base = int(last.argmax())
+    moved = next(((t, int(row.argmax())) for t in ties
+                  if int((row := rp.logits_with_flip(fp32, PROMPT, t, "cpu")).argmax()) != base),
+                 None)
+    assert moved is not None, "no near-tie of this seeded model moves HF's pick"
+    flip, token = moved
+    lowest = int(last.argmin())
+    got = rp.probe(moe, [(PROMPT, token, 0.0), (PROMPT, lowest, 0.5)], max_flips=len(ties))
+    assert got[0]["margin"] > 0 and got[0]["hf_token"] == base
+    assert got[0]["explained_by"] is not None and got[0]["explained_by"]["hf_token"] == token
+    assert got[0]["near_ties"] == len(ties) and got[0]["flips_tried"] == len(ties)
+    assert got[1]["explained_by"] is None and got[1]["least_margin"] > 0.5

@@ -1,0 +1,34 @@
+"""The router probe's arithmetic (sglang_fl/models/router_probe.py): which (router, position)
+is a near-tie of its k-th and (k+1)-th experts, and how the rounding noise of router logits is
+measured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglang_fl.models import router_probe as rp
+
+torch = pytest.importorskip("torch")
+
+
+def test_a_near_tie_is_a_top_k_boundary_within_the_bound_closest_first():
+    # router 0: position 0's 2nd/3rd experts 0.05 apart, position 1's 1.0 apart; top_k 2
+    r0 = torch.tensor([[3.0, 2.0, 1.95, 0.0], [3.0, 2.0, 1.0, 0.0]])
+    r1 = torch.tensor([[0.0, 1.0, 1.01, 5.0]])
+    ties = rp.near_ties([r0, r1], 2, [0.1, 0.01], sigmas=4.0)
+    # bounds: 4 x sqrt(2) x 0.1 = 0.566 and x 0.01 = 0.0566; in deviations 0.35 and 0.71
+    assert [(t["router"], t["position"], t["out"], t["in"]) for t in ties] == [(0, 0, 1, 2),
+                                                                               (1, 0, 2, 1)]
+    assert ties[0]["gap"] == pytest.approx(0.05) and ties[1]["gap"] == pytest.approx(0.01)
+    assert ties[1]["gap_sigmas"] == pytest.approx(0.01 / (math.sqrt(2) * 0.01), abs=1e-3)
+    assert rp.near_ties([r0, r1], 2, [0.0, 0.0]) == []  # no measured noise: nothing is a tie
+
+
+def test_router_noise_ignores_a_shift_of_every_expert_alike():
+    fp32 = [torch.randn(5, 8, generator=torch.Generator().manual_seed(0))]
+    assert rp.router_noise(fp32, [fp32[0] + 3.0]) == [pytest.approx(0.0, abs=1e-6)]
+    bumped = fp32[0].clone()
+    bumped[:, 0] += 0.5
+    assert rp.router_noise(fp32, [bumped])[0] > 0.1
