@@ -62,8 +62,11 @@ context is the server's own: HF then runs teacher-forced along each such server'
 HF's pick there is judged by the same rule, so configurations that leave HF alike and part
 from each other later are judged too. A DEFECT that a configuration of SGLang's own kernels
 (sglang-own, native-L1off) makes on the same ids is marked as its (`attribute_to_sglang`):
-SGLang's departure from HF, not sglang-fl's. The exit status is 1 when any other verdict is
-DEFECT or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
+SGLang's departure from HF, not sglang-fl's. On an MoE model each DEFECT is also probed for a
+router near-tie (`probe_routers`, sglang_fl/models/router_probe.py): one expert flip that bf16
+rounding can make, along the served prefix in HF fp32, that gives the served token within the
+bound explains it. The exit status is 1 when any other verdict is DEFECT or undecided, or the
+check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``. SIGTERM (a stage's ``timeout``) stops the servers and
@@ -94,6 +97,7 @@ from paired_stats import summarize_pairs  # noqa: E402
 
 from sglang_fl.config import BACKEND_KINDS  # noqa: E402
 from sglang_fl.dispatch.ops import GDN_OPS, OP_NAMES, ROUTED_CLASSES  # noqa: E402
+from sglang_fl.models import router_probe  # noqa: E402
 from sglang_fl.models.config import read_config, text_settings  # noqa: E402
 from sglang_fl.models.hf_reference import (  # noqa: E402
     ACCEPTED,
@@ -531,10 +535,57 @@ def attribute_to_sglang(greedy) -> list[tuple[str, int, int, str]]:
     return marked
 
 
+#: DEFECT steps of an MoE model whose router near-ties are probed (`probe_routers`), at most:
+#: each loads HF's witness and fp32 copies once for all, then one fp32 forward per swap.
+ROUTER_PROBES = 4
+
+
+def _defects(greedy):
+    """(configuration, prompt, row) of each DEFECT: first partings, then later departures."""
+    for name, rows in greedy.get("verdicts", {}).items():
+        for r in [] if isinstance(rows, dict) else rows:
+            if r.get("verdict") == DEFECT:
+                yield name, r["prompt"], r
+    for name, rows in greedy.get("past_parting", {}).items():
+        for r in rows:
+            for d in r["departures"]:
+                if d.get("verdict") == DEFECT:
+                    yield name, r["prompt"], d
+
+
+def probe_routers(greedy, prompts, run_probe, limit: int = ROUTER_PROBES) -> int:
+    """Give each DEFECT row of an MoE model ``router_probe``: whether one rounding-sized router
+    flip in HF fp32 along the served prefix gives the served token within the step's bound
+    (`sglang_fl.models.router_probe`; ``run_probe(cases)`` runs it). Rows with the same prefix
+    and token share one probe; past ``limit`` distinct ones a row says it was not probed.
+    Returns how many were probed."""
+    served, cases, rows = greedy.get("servers", {}), {}, []
+    for name, prompt, row in _defects(greedy):
+        prefix = list(prompts[prompt]) + list(served[name][prompt][:row["step"]])
+        key = (tuple(prefix), row["served_token"])
+        if key not in cases and len(cases) < limit:
+            cases[key] = (prefix, row["served_token"], row["bound"])
+        rows.append((key, row))
+    if not rows:
+        return 0
+    found = dict(zip(cases, run_probe(list(cases.values())), strict=True)) if cases else {}
+    for key, row in rows:
+        row["router_probe"] = found.get(key, f"not probed: over the {limit} distinct steps "
+                                             "probed in one run")
+    return len(cases)
+
+
+def _router_near_tie(row) -> bool:
+    probe = row.get("router_probe")
+    return isinstance(probe, dict) and probe.get("explained_by") is not None
+
+
 def _accepted(row) -> bool:
     """A verdict that does not fail the run: equal, a near-tie, or a DEFECT that SGLang's own
-    kernels make too (`attribute_to_sglang`)."""
-    return row["verdict"] in ACCEPTED or (row["verdict"] == DEFECT and "as" in row)
+    kernels make too (`attribute_to_sglang`) or that one rounding-sized router flip explains
+    (`probe_routers`)."""
+    return row["verdict"] in ACCEPTED or (row["verdict"] == DEFECT and
+                                          ("as" in row or _router_near_tie(row)))
 
 
 def exit_status(doc):
@@ -1051,6 +1102,15 @@ def main(argv=None):
                   flush=True)
         doc["greedy"]["twin_partings"] = twin_partings(doc["greedy"]["servers"], verdicts)
         doc["greedy"]["as_sglang"] = attribute_to_sglang(doc["greedy"])
+        if "stopped" not in doc and text_settings(read_config(args.model)).get("num_experts"):
+            try:
+                doc["greedy"]["router_probes"] = probe_routers(
+                    doc["greedy"], greedy_prompts,
+                    lambda cases: router_probe.probe(args.model, cases, device=device,
+                                                     witness=witness or "bfloat16"))
+            except Exception as exc:  # noqa: BLE001 - the verdicts stand without it
+                doc["greedy"]["router_probe_error"] = f"{type(exc).__name__}: {exc}"
+                print(f"# router probe failed: {doc['greedy']['router_probe_error']}", flush=True)
     except Stopped as exc:  # what the servers gave is written all the same
         doc["stopped"] = doc.get("stopped") or f"{exc} while HF's reference was computed"
         doc["greedy"]["hf_error"] = f"not judged: {doc['stopped']}"
@@ -1150,8 +1210,19 @@ def _verdict_summary(verdicts, unit=""):
 
 
 def _label(row) -> str:
-    """A row's verdict, with the SGLang configuration that makes the same DEFECT."""
-    return row["verdict"] + (f" (as {row['as']})" if "as" in row else "")
+    """A row's verdict, with the SGLang configuration that makes the same DEFECT and the router
+    flip that explains it."""
+    label = row["verdict"] + (f" (as {row['as']})" if "as" in row else "")
+    if _router_near_tie(row):
+        flip = row["router_probe"]["explained_by"]
+        label += (f" = router near-tie (router {flip['router']}, token {flip['position']}: "
+                  f"expert {flip['out']} -> {flip['in']}, {flip['gap_sigmas']} sigma; HF's "
+                  f"margin then {flip['margin']:.4g})")
+    elif isinstance(row.get("router_probe"), dict):
+        probe = row["router_probe"]
+        label += (f" (no router flip explains it: {probe['flips_tried']} of "
+                  f"{probe['near_ties']} near-ties tried)")
+    return label
 
 
 def greedy_table(doc):

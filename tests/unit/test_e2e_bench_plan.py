@@ -606,6 +606,56 @@ def test_a_defect_sglangs_own_kernels_make_on_the_same_ids_is_theirs_and_not_a_f
     assert e2e_bench.exit_status({"greedy": greedy}) == 1
 
 
+def test_a_defect_one_rounding_sized_router_flip_explains_is_a_router_near_tie():
+    """Each DEFECT of an MoE model is probed once per distinct served prefix and token (two
+    configurations with the same ids share a probe); an explained one does not fail the run and
+    its table row names the flip; an unexplained one still fails; past the limit a row says it
+    was not probed."""
+    def defect(step, token):
+        return {"step": step, "hf_token": 6, "served_token": token, "gap": 0.1, "margin": 3.4,
+                "margin_at_least": None, "noise": 0.5, "bound": 2.9, "kept": 1025,
+                "verdict": "DEFECT"}
+
+    served = {"native-L1off": [[1, 7, 5, 8]], "fl-defaults": [[1, 7, 5, 8]],
+              "flagos-L1off": [[1, 7, 5, 9]]}
+    greedy = {"servers": served, "hf_reference": {},
+              "verdicts": {n: [{"prompt": 0, "equal": False, **defect(1, 7), "verdict": "near-tie"}]
+                           for n in served},
+              "past_parting": {n: [{"prompt": 0, "from_step": 2, "steps": 2,
+                                    "departures": [defect(3, ids[0][3])]}]
+                               for n, ids in served.items()}}
+    asked = []
+
+    def run_probe(cases):
+        asked.extend(cases)
+        flip = {"router": 2, "position": 33, "out": 17, "in": 140, "gap": 0.01,
+                "gap_sigmas": 0.4, "hf_token": 8, "margin": 0.0}
+        return [{"explained_by": flip if token == 8 else None, "near_ties": 40,
+                 "flips_tried": 40, "least_margin": 1.5} for _, token, _ in cases]
+
+    prompts = [[100, 101]]
+    assert e2e_bench.probe_routers(greedy, prompts, run_probe) == 2
+    assert asked == [([100, 101, 1, 7, 5], 8, 2.9), ([100, 101, 1, 7, 5], 9, 2.9)]
+    rows = {n: r[0]["departures"][0] for n, r in greedy["past_parting"].items()}
+    assert rows["native-L1off"]["router_probe"] is rows["fl-defaults"]["router_probe"]
+    assert "router_probe" not in greedy["verdicts"]["native-L1off"][0]  # a near-tie is not probed
+    assert e2e_bench.exit_status({"greedy": greedy}) == 1  # flagos' step is not explained
+    table = e2e_bench.greedy_table({"greedy": greedy})
+    assert ("3 6 / 8, 3.4 (2.9): DEFECT = router near-tie (router 2, token 33: expert 17 -> 140, "
+            "0.4 sigma; HF's margin then 0)") in table
+    assert "3 6 / 9, 3.4 (2.9): DEFECT (no router flip explains it: 40 of 40 near-ties tried)" in table
+
+    del greedy["past_parting"]["flagos-L1off"]
+    assert e2e_bench.exit_status({"greedy": greedy}) == 0
+
+    asked.clear()
+    assert e2e_bench.probe_routers(greedy, prompts, run_probe, limit=0) == 0
+    assert asked == [] and all(r[0]["departures"][0]["router_probe"].startswith("not probed")
+                               for r in greedy["past_parting"].values())
+    assert e2e_bench.exit_status({"greedy": greedy}) == 1
+    assert e2e_bench.probe_routers({"servers": served, "verdicts": {}}, prompts, run_probe) == 0
+
+
 def test_sglang_own_routes_nothing_through_sglang_fl():
     """The witness of `attribute_to_sglang`: Layer 2 off (and with it the GDN routes, which
     plugin.py installs only under it) and Layer 1 off, whatever the platform YAML says."""
