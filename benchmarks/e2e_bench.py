@@ -555,16 +555,19 @@ def _defects(greedy):
 
 def probe_routers(greedy, prompts, run_probe, limit: int = ROUTER_PROBES) -> int:
     """Give each DEFECT row of an MoE model ``router_probe``: whether one rounding-sized router
-    flip in HF fp32 along the served prefix gives the served token within the step's bound
-    (`sglang_fl.models.router_probe`; ``run_probe(cases)`` runs it). Rows with the same prefix
+    flip in HF fp32 along the served prefix gives the served token within the step's bound and
+    the server's own top logprobs there (`sglang_fl.models.router_probe`; ``run_probe(cases)``
+    runs it). Rows with the same prefix
     and token share one probe; past ``limit`` distinct ones a row says it was not probed.
     Returns how many were probed."""
     served, cases, rows = greedy.get("servers", {}), {}, []
     for name, prompt, row in _defects(greedy):
         prefix = list(prompts[prompt]) + list(served[name][prompt][:row["step"]])
         key = (tuple(prefix), row["served_token"])
+        tops = getattr(served[name], "top_logprobs", None)
+        top = tops[prompt][row["step"]] if tops and row["step"] < len(tops[prompt]) else None
         if key not in cases and len(cases) < limit:
-            cases[key] = (prefix, row["served_token"], row["bound"])
+            cases[key] = (prefix, row["served_token"], row["bound"], row["noise"], top)
         rows.append((key, row))
     if not rows:
         return 0

@@ -10,9 +10,11 @@ position) whose top-k boundary gap is within `NEAR_TIE_SIGMAS` x sqrt(2) x the r
 rounding noise there. The noise is measured like the logits' own: the witness (bf16) minus
 fp32, centred per token, per layer. For each such near-tie, closest first, it reruns fp32 with
 that one expert swapped for its runner-up (the routing weight kept: within the noise they are
-equal). A swap after which HF's margin over the served token falls within the step's bound (or
-the served token wins) explains the step: a rounding-sized router flip gives it. Evidence in
-HF's own model, run on a GPU after the servers stop (`benchmarks/e2e_bench.py`)."""
+equal). A swap explains the step when, after it, HF's margin over the served token is within
+the step's bound and the server's own top logprobs sit as close to HF's as rounding leaves them
+(`MATCH`), where before it they did not: a rounding-sized router flip gives that token and that
+whole distribution. HF's own model, run on a GPU after the servers stop
+(`benchmarks/e2e_bench.py`)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from sglang_fl.models.hf_reference import (
 #: Near-ties swapped one at a time, closest first: each is one fp32 forward of the prefix
 #: (tens of ms on a GPU for the Qwen3.6 shapes' 8 layers and 40 tokens).
 MAX_FLIPS = 128
+#: How close (in two-logit deviations of the witness' noise, RMS) the served top logprobs must
+#: come to HF's after a swap: a faithful server's sit about 1 deviation away.
+MATCH = 2.0
 
 
 def routers(model) -> list:
@@ -121,37 +126,64 @@ def logits_with_flip(model, seq, flip: dict, device):
     return _forward(model, seq, device, [(router, _swap(flip["position"], flip["out"], flip["in"]))])
 
 
+def served_noise(row, served: int, top) -> float | None:
+    """RMS over the server's own top tokens ``top`` (``[[token, logprob], ...]``) of (served -
+    HF) difference to ``served``, against HF's full logits ``row``: how far the served
+    distribution is from HF's at this step (`hf_reference.step_evidence`'s measure)."""
+    top = dict(top)
+    if served not in top:
+        return None
+    d = [(top[t] - top[served]) - float(row[t] - row[served]) for t in top if t != served]
+    return math.sqrt(sum(v * v for v in d) / len(d)) if d else None
+
+
 def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
           sigmas: float = NEAR_TIE_SIGMAS, max_flips: int = MAX_FLIPS) -> list[dict]:
-    """Per case ``(prefix, served, bound)``: whether a router near-tie in HF fp32 along
-    ``prefix`` (the prompt and the served ids before the step) explains the server's token
-    ``served`` there, where HF's margin over it exceeds ``bound`` (the step's near-tie bound).
-    ``explained_by``: the first swap, closest first, after which HF's margin over ``served`` is
-    within ``bound`` (None where none of the first ``max_flips`` is). Each model is loaded
-    once for every case: the witness first, then fp32."""
+    """Per case ``(prefix, served, bound, noise, top)``: whether a router near-tie in HF fp32
+    along ``prefix`` (the prompt and the served ids before the step) explains the server's
+    token ``served`` there, where HF's margin over it exceeds ``bound`` (the step's near-tie
+    bound; ``noise``, the witness' logit noise there; ``top``, the server's own top logprobs
+    there). With some hundreds of near-ties in a prefix, some swap may bring the margin within
+    the bound by chance; the served distribution itself is what one swap cannot match by
+    chance. So ``explained_by`` is the first swap, closest first, after which HF's margin over
+    ``served`` is within ``bound`` *and* the served top logprobs sit within `MATCH` x sqrt(2) x
+    ``noise`` of HF's (RMS, `served_noise`), where without it they did not. None where no swap
+    of the first ``max_flips`` does both, or the server's logprobs are missing. Each model is
+    loaded once for every case: the witness first, then fp32."""
     model = load_hf_model(model_path, witness, device)
-    seen = [router_logits(model, prefix, device)[0] for prefix, _, _ in cases]
+    seen = [router_logits(model, case[0], device)[0] for case in cases]
     del model
     free_device_memory(device)
     model = load_hf_model(model_path, "float32", device)
     out = []
     try:
         top_k = routers(model)[0].top_k
-        for (prefix, served, bound), witnessed in zip(cases, seen, strict=True):
+        for (prefix, served, bound, noise, top), witnessed in zip(cases, seen, strict=True):
             exact, last = router_logits(model, prefix, device)
-            noise = router_noise(exact, witnessed)
-            ties = near_ties(exact, top_k, noise, sigmas)
+            ties = near_ties(exact, top_k, router_noise(exact, witnessed), sigmas)
+            match = MATCH * math.sqrt(2.0) * noise
             flips = []
             for flip in ties[:max_flips]:
                 row = logits_with_flip(model, prefix, flip, device)
+                spread = served_noise(row, served, top) if top else None
                 flips.append({**flip, "hf_token": int(row.argmax()),
-                              "margin": round(float(row.max() - row[served]), 6)})
-            out.append({"served_token": served, "hf_token": int(last.argmax()),
-                        "margin": round(float(last.max() - last[served]), 6), "bound": bound,
-                        "top_k": top_k, "router_noise": [round(v, 6) for v in noise],
-                        "near_ties": len(ties), "flips_tried": len(flips),
-                        "explained_by": next((f for f in flips if f["margin"] <= bound), None),
-                        "least_margin": min((f["margin"] for f in flips), default=None)})
+                              "margin": round(float(row.max() - row[served]), 6),
+                              "served_noise": None if spread is None else round(spread, 6)})
+            before = served_noise(last, served, top) if top else None
+            out.append({
+                "served_token": served, "hf_token": int(last.argmax()),
+                "margin": round(float(last.max() - last[served]), 6), "bound": bound,
+                "served_noise": None if before is None else round(before, 6),
+                "match": round(match, 6), "top_k": top_k,
+                "router_noise": [round(v, 6) for v in router_noise(exact, witnessed)],
+                "near_ties": len(ties), "flips_tried": len(flips),
+                "explained_by": next((f for f in flips if f["margin"] <= bound
+                                      and f["served_noise"] is not None
+                                      and f["served_noise"] <= match
+                                      and before is not None and before > match), None),
+                "least_margin": min((f["margin"] for f in flips), default=None),
+                "best_match": min((f for f in flips if f["served_noise"] is not None),
+                                  key=lambda f: f["served_noise"], default=None)})
     finally:
         del model
         free_device_memory(device)

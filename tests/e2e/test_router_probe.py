@@ -60,21 +60,37 @@ def test_a_swap_changes_only_the_forward_from_its_position_on(fp32):
     assert torch.allclose(rp.logits_with_flip(fp32, PROMPT, flip, "cpu"), swapped[-1], atol=1e-5)
 
 
-def test_a_served_token_a_rounding_sized_flip_gives_is_explained_and_one_none_gives_is_not(
-        moe, fp32):
+def _top(row, k=8):
+    """What a server whose logits are ``row`` reports: its top-``k`` logprobs."""
+    lp = torch.log_softmax(row, dim=-1)
+    top = lp.topk(k)
+    return [[int(t), float(v)] for t, v in zip(top.indices, top.values, strict=True)]
+
+
+def test_a_served_step_one_rounding_sized_flip_gives_is_explained_and_others_are_not(moe, fp32):
+    """A server that flipped one near-tied expert serves that flip's token and distribution:
+    explained by that flip. The same token from a server whose distribution is HF's own (no
+    flip behind it), or a token no flip reaches, is not."""
     logits, last = rp.router_logits(fp32, PROMPT, "cpu")
     witness = rp.router_logits(load_hf_model(moe, "bfloat16"), PROMPT, "cpu")[0]
     ties = rp.near_ties(logits, 4, rp.router_noise(logits, witness))
     assert ties and all(t["gap_sigmas"] <= rp.NEAR_TIE_SIGMAS for t in ties)
     base = int(last.argmax())
-    moved = next(((t, int(row.argmax())) for t in ties
+    moved = next(((t, row) for t in ties
                   if int((row := rp.logits_with_flip(fp32, PROMPT, t, "cpu")).argmax()) != base),
                  None)
     assert moved is not None, "no near-tie of this seeded model moves HF's pick"
-    flip, token = moved
-    lowest = int(last.argmin())
-    got = rp.probe(moe, [(PROMPT, token, 0.0), (PROMPT, lowest, 0.5)], max_flips=len(ties))
+    flip, row = moved
+    token, lowest, noise = int(row.argmax()), int(last.argmin()), 0.01
+    got = rp.probe(moe, [(PROMPT, token, 0.0, noise, _top(row)),
+                         (PROMPT, token, 0.0, noise, _top(last)),
+                         (PROMPT, lowest, 0.5, noise, _top(last))], max_flips=len(ties))
+    explained = got[0]["explained_by"]
     assert got[0]["margin"] > 0 and got[0]["hf_token"] == base
-    assert got[0]["explained_by"] is not None and got[0]["explained_by"]["hf_token"] == token
+    assert explained is not None and explained["hf_token"] == token
+    assert explained["served_noise"] <= got[0]["match"] < got[0]["served_noise"]
+    assert (explained["router"], explained["position"]) == (flip["router"], flip["position"])
     assert got[0]["near_ties"] == len(ties) and got[0]["flips_tried"] == len(ties)
-    assert got[1]["explained_by"] is None and got[1]["least_margin"] > 0.5
+    assert got[1]["explained_by"] is None  # the margin alone is not enough
+    assert got[1]["least_margin"] <= 0.0
+    assert got[2]["explained_by"] is None and got[2]["least_margin"] > 0.5

@@ -616,8 +616,9 @@ def test_a_defect_one_rounding_sized_router_flip_explains_is_a_router_near_tie()
                 "margin_at_least": None, "noise": 0.5, "bound": 2.9, "kept": 1025,
                 "verdict": "DEFECT"}
 
-    served = {"native-L1off": [[1, 7, 5, 8]], "fl-defaults": [[1, 7, 5, 8]],
-              "flagos-L1off": [[1, 7, 5, 9]]}
+    top = [[None, None, None, [[8, -1.0], [6, -1.5]]]]
+    served = {"native-L1off": e2e_bench.GreedyIds([[1, 7, 5, 8]], top),
+              "fl-defaults": [[1, 7, 5, 8]], "flagos-L1off": [[1, 7, 5, 9]]}
     greedy = {"servers": served, "hf_reference": {},
               "verdicts": {n: [{"prompt": 0, "equal": False, **defect(1, 7), "verdict": "near-tie"}]
                            for n in served},
@@ -631,11 +632,13 @@ def test_a_defect_one_rounding_sized_router_flip_explains_is_a_router_near_tie()
         flip = {"router": 2, "position": 33, "out": 17, "in": 140, "gap": 0.01,
                 "gap_sigmas": 0.4, "hf_token": 8, "margin": 0.0}
         return [{"explained_by": flip if token == 8 else None, "near_ties": 40,
-                 "flips_tried": 40, "least_margin": 1.5} for _, token, _ in cases]
+                 "flips_tried": 40, "least_margin": 1.5} for _, token, _, _, _ in cases]
 
     prompts = [[100, 101]]
     assert e2e_bench.probe_routers(greedy, prompts, run_probe) == 2
-    assert asked == [([100, 101, 1, 7, 5], 8, 2.9), ([100, 101, 1, 7, 5], 9, 2.9)]
+    # The step's witness noise and the first configuration's own top logprobs go with it.
+    assert asked == [([100, 101, 1, 7, 5], 8, 2.9, 0.5, [[8, -1.0], [6, -1.5]]),
+                     ([100, 101, 1, 7, 5], 9, 2.9, 0.5, None)]
     rows = {n: r[0]["departures"][0] for n, r in greedy["past_parting"].items()}
     assert rows["native-L1off"]["router_probe"] is rows["fl-defaults"]["router_probe"]
     assert "router_probe" not in greedy["verdicts"]["native-L1off"][0]  # a near-tie is not probed
