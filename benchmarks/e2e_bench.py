@@ -536,8 +536,9 @@ def attribute_to_sglang(greedy) -> list[tuple[str, int, int, str]]:
 
 
 #: DEFECT steps of an MoE model whose router near-ties are probed (`probe_routers`), at most:
-#: each loads HF's witness and fp32 copies once for all, then one fp32 forward per swap.
-ROUTER_PROBES = 4
+#: HF's witness and fp32 copies are loaded once for all, then one fp32 forward per swap
+#: (`router_probe.MAX_FLIPS` per step). Keep JUDGE_RESERVE (gpu_session.sh) for them.
+ROUTER_PROBES = 2
 
 
 def _defects(greedy):
@@ -1111,6 +1112,9 @@ def main(argv=None):
                     doc["greedy"], greedy_prompts,
                     lambda cases: router_probe.probe(args.model, cases, device=device,
                                                      witness=witness or "bfloat16"))
+            except Stopped as exc:  # the verdicts above stand; the DEFECTs are not probed
+                doc["stopped"] = f"{exc} while the router near-ties were probed"
+                doc["greedy"]["router_probe_error"] = f"not probed: {doc['stopped']}"
             except Exception as exc:  # noqa: BLE001 - the verdicts stand without it
                 doc["greedy"]["router_probe_error"] = f"{type(exc).__name__}: {exc}"
                 print(f"# router probe failed: {doc['greedy']['router_probe_error']}", flush=True)

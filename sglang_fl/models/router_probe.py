@@ -28,8 +28,8 @@ from sglang_fl.models.hf_reference import (
 )
 
 #: Near-ties swapped one at a time, closest first: each is one fp32 forward of the prefix
-#: (tens of ms on a GPU for the Qwen3.6 shapes' 8 layers and 40 tokens).
-MAX_FLIPS = 128
+#: (not timed on a GPU yet; HF's expert loop over 256 experts is the slow part).
+MAX_FLIPS = 64
 #: How close (in two-logit deviations of the witness' noise, RMS) the served top logprobs must
 #: come to HF's after a swap: a faithful server's sit about 1 deviation away.
 MATCH = 2.0
