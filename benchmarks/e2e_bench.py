@@ -579,6 +579,40 @@ def probe_routers(greedy, prompts, run_probe, limit: int = ROUTER_PROBES) -> int
     return len(cases)
 
 
+def reprobe(path: Path, model, out: Path | None, limit: int = ROUTER_PROBES,
+            run_probe=None) -> dict:
+    """An earlier run's JSON at ``path`` with its DEFECTs probed for router near-ties
+    (`probe_routers`) on ``model``, written to ``out`` and printed: a step found on one device
+    call is explained on the next without serving again. ``run_probe`` defaults to
+    `router_probe.probe` on the GPU where there is one."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    greedy = doc.get("greedy") or {}
+    if not greedy.get("servers") or "verdicts" not in greedy:
+        raise SystemExit(f"{path}: no judged greedy ids (greedy.servers and greedy.verdicts) to "
+                         "probe")
+    if not text_settings(read_config(model)).get("num_experts"):
+        raise SystemExit(f"{model}: not an MoE checkpoint (no num_experts in its config); the "
+                         "router probe is for MoE models")
+    tops = greedy.get("served_top_logprobs") or {}
+    greedy["servers"] = {n: GreedyIds(ids, tops.get(n)) if isinstance(ids, list) else ids
+                         for n, ids in greedy["servers"].items()}
+    if run_probe is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        witness = (greedy.get("hf_reference") or {}).get("witness") or "bfloat16"
+
+        def run_probe(cases):
+            return router_probe.probe(model, cases, device=device, witness=witness)
+    greedy["router_probes"] = probe_routers(greedy, greedy["prompts"], run_probe, limit)
+    doc["reprobed_from"] = str(path)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1))
+    print(table(doc))
+    return doc
+
+
 def _router_near_tie(row) -> bool:
     probe = row.get("router_probe")
     return isinstance(probe, dict) and probe.get("explained_by") is not None
@@ -972,7 +1006,15 @@ def main(argv=None):
                          "(default: hf-reference.json beside --out, else in --log-dir)")
     ap.add_argument("--server-args", help="replace the common SGLang flags (shell syntax), e.g. "
                     "for a CPU smoke run")
+    ap.add_argument("--router-probes", type=int, default=ROUTER_PROBES,
+                    help="distinct DEFECT steps of an MoE model probed for a router near-tie")
+    ap.add_argument("--reprobe", type=Path, default=None,
+                    help="serve nothing: probe the DEFECTs of this earlier run's JSON for router "
+                         "near-ties on --model (the same checkpoint: a seeded preset made again "
+                         "is) and write it again to --out")
     args = ap.parse_args(argv)
+    if args.reprobe is not None:
+        return reprobe(args.reprobe, args.model, args.out, args.router_probes)
 
     configs = resolve_configs(args.configs.split(",") if args.configs else None, args.extra_config,
                               args.variant)
@@ -1111,7 +1153,8 @@ def main(argv=None):
                 doc["greedy"]["router_probes"] = probe_routers(
                     doc["greedy"], greedy_prompts,
                     lambda cases: router_probe.probe(args.model, cases, device=device,
-                                                     witness=witness or "bfloat16"))
+                                                     witness=witness or "bfloat16"),
+                    args.router_probes)
             except Stopped as exc:  # the verdicts above stand; the DEFECTs are not probed
                 doc["stopped"] = f"{exc} while the router near-ties were probed"
                 doc["greedy"]["router_probe_error"] = f"not probed: {doc['stopped']}"

@@ -785,3 +785,47 @@ def test_native_runs_sglangs_own_gdn_kernels_and_flagos_pins_flaggems_gdn():
     flagos = dict(kv.split("=") for kv in e2e_bench.CONFIGS["flagos-L1off"]["SGLANG_FL_PER_OP"].split(";"))
     assert {"chunk_gated_delta_rule", "recurrent_gated_delta_rule",
             "packed_recurrent_gated_delta_rule"} <= {op for op, kind in flagos.items() if kind == "flagos"}
+
+
+H200_35B = (Path(__file__).resolve().parents[2] / "benchmarks/results/h200/2026-12-06b/"
+            "shapes-qwen3.6-35b-a3b-tuned/shapes-qwen3.6-35b-a3b.json")
+
+
+def test_an_earlier_runs_defect_is_probed_again_without_serving(tmp_path, capsys):
+    """The H200's step beyond the bound (2026-12-06, prompt 1 step 7, native-L1off and
+    fl-defaults on the same ids) is probed once from its JSON, with the served prefix, token,
+    bound, witness noise and native-L1off's own top logprobs there; explained, it no longer
+    fails the run. A dense checkpoint, or a JSON without judged ids, is refused by name."""
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text(json.dumps({"text_config": {"num_experts": 256}}))
+    before = json.loads(H200_35B.read_text())
+    assert e2e_bench.exit_status(before) == 1
+    asked = []
+
+    def run_probe(cases):
+        asked.extend(cases)
+        return [{"explained_by": {"router": 5, "position": 38, "out": 1, "in": 2, "gap": 0.01,
+                                  "gap_sigmas": 0.5, "hf_token": 71572, "margin": 0.2},
+                 "near_ties": 300, "flips_tried": 64, "least_margin": 0.2}]
+
+    out = tmp_path / "reprobed.json"
+    doc = e2e_bench.reprobe(H200_35B, moe, out, run_probe=run_probe)
+    [(prefix, served, bound, noise, top)] = asked
+    greedy = before["greedy"]
+    assert prefix == greedy["prompts"][1] + greedy["servers"]["native-L1off"][1][:7]
+    assert (served, round(bound, 2), round(noise, 3)) == (71572, 2.9, 0.513)
+    assert top == greedy["served_top_logprobs"]["native-L1off"][1][7]
+    assert e2e_bench.exit_status(doc) == 0
+    assert json.loads(out.read_text())["reprobed_from"] == str(H200_35B)
+    assert "= router near-tie (router 5, token 38" in capsys.readouterr().out
+
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(SystemExit, match="not an MoE checkpoint"):
+        e2e_bench.reprobe(H200_35B, dense, None, run_probe=run_probe)
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    with pytest.raises(SystemExit, match="no judged greedy ids"):
+        e2e_bench.reprobe(empty, moe, None, run_probe=run_probe)
