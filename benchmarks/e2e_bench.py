@@ -64,8 +64,8 @@ from each other later are judged too. A DEFECT that a configuration of SGLang's 
 (sglang-own, native-L1off) makes on the same ids is marked as its (`attribute_to_sglang`):
 SGLang's departure from HF, not sglang-fl's. On an MoE model each DEFECT is also probed for a
 router near-tie (`probe_routers`, sglang_fl/models/router_probe.py): one expert flip that bf16
-rounding can make, along the served prefix in HF fp32, that gives the served token within the
-bound explains it. The exit status is 1 when any other verdict is DEFECT or undecided, or the
+rounding can make, along the served prefix in HF fp32, after which HF gives the served token
+within the bound and the server's own top logprobs, explains it. The exit status is 1 when any other verdict is DEFECT or undecided, or the
 check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
@@ -558,9 +558,9 @@ def probe_routers(greedy, prompts, run_probe, limit: int = ROUTER_PROBES) -> int
     """Give each DEFECT row of an MoE model ``router_probe``: whether one rounding-sized router
     flip in HF fp32 along the served prefix gives the served token within the step's bound and
     the server's own top logprobs there (`sglang_fl.models.router_probe`; ``run_probe(cases)``
-    runs it). Rows with the same prefix
-    and token share one probe; past ``limit`` distinct ones a row says it was not probed.
-    Returns how many were probed."""
+    runs it). Rows with the same prefix and token share one probe (with the first row's top
+    logprobs); past ``limit`` distinct ones a row says it was not probed. Returns how many
+    were probed."""
     served, cases, rows = greedy.get("servers", {}), {}, []
     for name, prompt, row in _defects(greedy):
         prefix = list(prompts[prompt]) + list(served[name][prompt][:row["step"]])

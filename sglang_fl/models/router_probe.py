@@ -150,6 +150,9 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
     ``noise`` of HF's (RMS, `served_noise`), where without it they did not. None where no swap
     of the first ``max_flips`` does both, or the server's logprobs are missing. Each model is
     loaded once for every case: the witness first, then fp32."""
+    if witness not in ("bfloat16", "float16"):
+        raise ValueError(f"witness={witness!r}: the router probe's witness is a lower-precision "
+                         "copy of the weights; accepted: bfloat16, float16")
     model = load_hf_model(model_path, witness, device)
     seen = [router_logits(model, case[0], device)[0] for case in cases]
     del model
@@ -160,7 +163,8 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
         top_k = routers(model)[0].top_k
         for (prefix, served, bound, noise, top), witnessed in zip(cases, seen, strict=True):
             exact, last = router_logits(model, prefix, device)
-            ties = near_ties(exact, top_k, router_noise(exact, witnessed), sigmas)
+            spreads = router_noise(exact, witnessed)
+            ties = near_ties(exact, top_k, spreads, sigmas)
             match = MATCH * math.sqrt(2.0) * noise
             flips = []
             for flip in ties[:max_flips]:
@@ -175,7 +179,7 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
                 "margin": round(float(last.max() - last[served]), 6), "bound": bound,
                 "served_noise": None if before is None else round(before, 6),
                 "match": round(match, 6), "top_k": top_k,
-                "router_noise": [round(v, 6) for v in router_noise(exact, witnessed)],
+                "router_noise": [round(v, 6) for v in spreads],
                 "near_ties": len(ties), "flips_tried": len(flips),
                 "explained_by": next((f for f in flips if f["margin"] <= bound
                                       and f["served_noise"] is not None

@@ -32,3 +32,8 @@ def test_router_noise_ignores_a_shift_of_every_expert_alike():
     bumped = fp32[0].clone()
     bumped[:, 0] += 0.5
     assert rp.router_noise(fp32, [bumped])[0] > 0.1
+
+
+def test_a_witness_that_is_not_a_lower_precision_copy_is_refused_by_name():
+    with pytest.raises(ValueError, match="accepted: bfloat16, float16"):
+        rp.probe("/nonexistent", [], witness="tf32")
