@@ -4,6 +4,9 @@
 #
 #   OUT=/tmp/out benchmarks/gpu_session.sh install jit tests ops e2e
 #
+# In a device call, `export CALL_END=$(( $(date +%s) + 545 ))` first (560-s call): every stage's
+# timeout then ends before the call's (see `budget` below).
+#
 # Stages:
 #   install  pip-install wheels/gpu (but the sglang_fl wheel) + this checkout, into the python
 #            that holds torch; restores $JIT_CACHE_TGZ (a tarball of TVM_FFI_CACHE_DIR) if given.
