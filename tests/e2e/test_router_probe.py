@@ -5,6 +5,8 @@ a swap gives is explained while one that no swap reaches is not."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sglang_fl.models import router_probe as rp
@@ -13,7 +15,7 @@ from sglang_fl.models.hf_reference import load_hf_model
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 
-PROMPT = list(range(5, 37))
+PROMPT = list(range(5, 21))  # 16 tokens: a near-tie near the top moves HF's pick
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_a_model_without_a_router_is_refused_by_name(tiny_model):
 
 def test_a_swap_changes_only_the_forward_from_its_position_on(fp32):
     ties = rp.near_ties(rp.router_logits(fp32, PROMPT, "cpu")[0], 4, [1.0] * 4, sigmas=100.0)
-    flip = next(t for t in ties if t["position"] == 20)
+    flip = next(t for t in ties if t["position"] == 10)
     router = rp.routers(fp32)[flip["router"]]
     with torch.no_grad():
         base = fp32(input_ids=torch.tensor([PROMPT])).logits[0]
@@ -55,8 +57,8 @@ def test_a_swap_changes_only_the_forward_from_its_position_on(fp32):
         finally:
             handle.remove()
     # causal: the tokens before it are untouched (to the order of fp32 sums in the experts)
-    assert torch.allclose(base[:20], swapped[:20], atol=1e-5)
-    assert not torch.allclose(base[20], swapped[20])
+    assert torch.allclose(base[:10], swapped[:10], atol=1e-5)
+    assert not torch.allclose(base[10], swapped[10])
     assert torch.allclose(rp.logits_with_flip(fp32, PROMPT, flip, "cpu"), swapped[-1], atol=1e-5)
 
 
@@ -75,22 +77,26 @@ def test_a_served_step_one_rounding_sized_flip_gives_is_explained_and_others_are
     witness = rp.router_logits(load_hf_model(moe, "bfloat16"), PROMPT, "cpu")[0]
     ties = rp.near_ties(logits, 4, rp.router_noise(logits, witness))
     assert ties and all(t["gap_sigmas"] <= rp.NEAR_TIE_SIGMAS for t in ties)
-    base = int(last.argmax())
-    moved = next(((t, row) for t in ties
-                  if int((row := rp.logits_with_flip(fp32, PROMPT, t, "cpu")).argmax()) != base),
-                 None)
-    assert moved is not None, "no near-tie of this seeded model moves HF's pick"
-    flip, row = moved
-    token, lowest, noise = int(row.argmax()), int(last.argmin()), 0.01
+    base, noise = int(last.argmax()), 0.005
+    match = rp.MATCH * math.sqrt(2.0) * noise
+
+    def moves(t):  # HF's pick, and the top logprobs well beyond what rounding explains
+        row = rp.logits_with_flip(fp32, PROMPT, t, "cpu")
+        token = int(row.argmax())
+        return token != base and rp.served_noise(last, token, _top(row)) > 2 * match, row
+
+    moved = ((t, row) for t in ties for ok, row in [moves(t)] if ok)
+    flip, row = next(moved, (None, None))
+    assert flip is not None, "no near-tie of this seeded model moves HF's pick"
+    token, lowest, upto = int(row.argmax()), int(last.argmin()), ties.index(flip) + 1
     got = rp.probe(moe, [(PROMPT, token, 0.0, noise, _top(row)),
                          (PROMPT, token, 0.0, noise, _top(last)),
-                         (PROMPT, lowest, 0.5, noise, _top(last))], max_flips=len(ties))
+                         (PROMPT, lowest, 0.5, noise, _top(last))], max_flips=upto)
     explained = got[0]["explained_by"]
     assert got[0]["margin"] > 0 and got[0]["hf_token"] == base
     assert explained is not None and explained["hf_token"] == token
     assert explained["served_noise"] <= got[0]["match"] < got[0]["served_noise"]
-    assert (explained["router"], explained["position"]) == (flip["router"], flip["position"])
-    assert got[0]["near_ties"] == len(ties) and got[0]["flips_tried"] == len(ties)
+    assert got[0]["near_ties"] == len(ties) and got[0]["flips_tried"] == upto
     assert got[1]["explained_by"] is None  # the margin alone is not enough
     assert got[1]["least_margin"] <= 0.0
     assert got[2]["explained_by"] is None and got[2]["least_margin"] > 0.5
