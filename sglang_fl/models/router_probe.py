@@ -22,7 +22,9 @@ import math
 
 from sglang_fl.models.hf_reference import (
     NEAR_TIE_SIGMAS,
+    _diffs_to,
     _matmul_precision,
+    _rms,
     free_device_memory,
     load_hf_model,
 )
@@ -131,10 +133,7 @@ def served_noise(row, served: int, top) -> float | None:
     HF) difference to ``served``, against HF's full logits ``row``: how far the served
     distribution is from HF's at this step (`hf_reference.step_evidence`'s measure)."""
     top = dict(top)
-    if served not in top:
-        return None
-    d = [(top[t] - top[served]) - float(row[t] - row[served]) for t in top if t != served]
-    return math.sqrt(sum(v * v for v in d) / len(d)) if d else None
+    return _rms(_diffs_to(served, top, {t: float(row[t]) for t in top}) or [])
 
 
 def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",

@@ -37,3 +37,12 @@ def test_router_noise_ignores_a_shift_of_every_expert_alike():
 def test_a_witness_that_is_not_a_lower_precision_copy_is_refused_by_name():
     with pytest.raises(ValueError, match="accepted: bfloat16, float16"):
         rp.probe("/nonexistent", [], witness="tf32")
+
+
+def test_served_noise_is_the_rms_of_served_minus_hf_relative_to_the_served_token():
+    row = torch.tensor([0.0, 1.0, 2.0, 3.0])  # HF's logits
+    # served logprobs: token 3 chosen; token 2 0.1 further below it than in HF, token 1 as HF
+    top = [[3, -0.5], [2, -1.6], [1, -2.5]]
+    assert rp.served_noise(row, 3, top) == pytest.approx(math.sqrt((0.1**2 + 0.0) / 2))
+    assert rp.served_noise(row, 0, top) is None  # the served token is not among its own top
+    assert rp.served_noise(row, 3, [[3, -0.1]]) is None  # nothing to compare it with
