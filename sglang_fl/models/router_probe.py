@@ -62,10 +62,10 @@ def _forward(model, seq, device, hooks=()):
             h.remove()
 
 
-def router_logits(model, seq, device) -> tuple[list, object]:
+def router_logits(model, seq, device, found=None) -> tuple[list, object]:
     """(per router, its logits over ``seq`` as a [tokens, experts] float CPU tensor; the last
-    position's output logits)."""
-    found, captured = routers(model), {}
+    position's output logits). ``found``: `routers` of ``model``, where the caller has them."""
+    found, captured = found or routers(model), {}
 
     def keep(i):
         def hook(_module, _inputs, output):
@@ -96,13 +96,14 @@ def near_ties(logits, top_k: int, noise, sigmas: float = NEAR_TIE_SIGMAS) -> lis
             continue
         top = row.topk(top_k + 1, dim=-1)
         gaps = (top.values[:, top_k - 1] - top.values[:, top_k]).tolist()
-        bound = sigmas * math.sqrt(2.0) * sd
+        pair = math.sqrt(2.0) * sd
+        bound = sigmas * pair
         for pos, gap in enumerate(gaps):
             if gap <= bound:
                 rows.append({"router": layer, "position": pos,
                              "out": int(top.indices[pos, top_k - 1]),
                              "in": int(top.indices[pos, top_k]),
-                             "gap": round(gap, 6), "gap_sigmas": round(gap / (math.sqrt(2.0) * sd), 3)})
+                             "gap": round(gap, 6), "gap_sigmas": round(gap / pair, 3)})
     rows.sort(key=lambda r: r["gap_sigmas"])
     return rows
 
@@ -122,9 +123,10 @@ def _swap(position: int, out: int, into: int):
     return hook
 
 
-def logits_with_flip(model, seq, flip: dict, device):
-    """The last position's fp32 logits with one `near_ties` row's expert swapped."""
-    router = routers(model)[flip["router"]]
+def logits_with_flip(model, seq, flip: dict, device, found=None):
+    """The last position's fp32 logits with one `near_ties` row's expert swapped. ``found``:
+    `routers` of ``model``, where the caller has them (a walk over every module)."""
+    router = (found or routers(model))[flip["router"]]
     return _forward(model, seq, device, [(router, _swap(flip["position"], flip["out"], flip["in"]))])
 
 
@@ -153,21 +155,23 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
         raise ValueError(f"witness={witness!r}: the router probe's witness is a lower-precision "
                          "copy of the weights; accepted: bfloat16, float16")
     model = load_hf_model(model_path, witness, device)
-    seen = [router_logits(model, case[0], device)[0] for case in cases]
-    del model
+    found = routers(model)
+    seen = [router_logits(model, case[0], device, found)[0] for case in cases]
+    del model, found  # the routers hold the witness' weights too
     free_device_memory(device)
     model = load_hf_model(model_path, "float32", device)
-    out = []
+    out, found = [], None
     try:
-        top_k = routers(model)[0].top_k
+        found = routers(model)
+        top_k = found[0].top_k
         for (prefix, served, bound, noise, top), witnessed in zip(cases, seen, strict=True):
-            exact, last = router_logits(model, prefix, device)
+            exact, last = router_logits(model, prefix, device, found)
             spreads = router_noise(exact, witnessed)
             ties = near_ties(exact, top_k, spreads, sigmas)
             match = MATCH * math.sqrt(2.0) * noise
             flips = []
             for flip in ties[:max_flips]:
-                row = logits_with_flip(model, prefix, flip, device)
+                row = logits_with_flip(model, prefix, flip, device, found)
                 spread = served_noise(row, served, top) if top else None
                 flips.append({**flip, "hf_token": int(row.argmax()),
                               "margin": round(float(row.max() - row[served]), 6),
@@ -188,6 +192,6 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
                 "best_match": min((f for f in flips if f["served_noise"] is not None),
                                   key=lambda f: f["served_noise"], default=None)})
     finally:
-        del model
+        del model, found
         free_device_memory(device)
     return out
