@@ -133,8 +133,9 @@ def logits_with_flip(model, seq, flip: dict, device, found=None):
 def served_noise(row, served: int, top) -> float | None:
     """RMS over the server's own top tokens ``top`` (``[[token, logprob], ...]``) of (served -
     HF) difference to ``served``, against HF's full logits ``row``: how far the served
-    distribution is from HF's at this step (`hf_reference.step_evidence`'s measure)."""
-    top = dict(top)
+    distribution is from HF's at this step (`hf_reference.step_evidence`'s measure). None where
+    ``top`` is missing or holds nothing beside ``served``."""
+    top = dict(top or ())
     return _rms(_diffs_to(served, top, {t: float(row[t]) for t in top}) or [])
 
 
@@ -169,14 +170,16 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
             spreads = router_noise(exact, witnessed)
             ties = near_ties(exact, top_k, spreads, sigmas)
             match = MATCH * math.sqrt(2.0) * noise
+            before = served_noise(last, served, top)
+            # a flip can explain the step only where the served distribution is not HF's already
+            apart = before is not None and before > match
             flips = []
             for flip in ties[:max_flips]:
                 row = logits_with_flip(model, prefix, flip, device, found)
-                spread = served_noise(row, served, top) if top else None
+                spread = served_noise(row, served, top)
                 flips.append({**flip, "hf_token": int(row.argmax()),
                               "margin": round(float(row.max() - row[served]), 6),
                               "served_noise": None if spread is None else round(spread, 6)})
-            before = served_noise(last, served, top) if top else None
             out.append({
                 "served_token": served, "hf_token": int(last.argmax()),
                 "margin": round(float(last.max() - last[served]), 6), "bound": bound,
@@ -184,10 +187,9 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
                 "match": round(match, 6), "top_k": top_k,
                 "router_noise": [round(v, 6) for v in spreads],
                 "near_ties": len(ties), "flips_tried": len(flips),
-                "explained_by": next((f for f in flips if f["margin"] <= bound
+                "explained_by": next((f for f in flips if apart and f["margin"] <= bound
                                       and f["served_noise"] is not None
-                                      and f["served_noise"] <= match
-                                      and before is not None and before > match), None),
+                                      and f["served_noise"] <= match), None),
                 "least_margin": min((f["margin"] for f in flips), default=None),
                 "best_match": min((f for f in flips if f["served_noise"] is not None),
                                   key=lambda f: f["served_noise"], default=None)})

@@ -46,3 +46,4 @@ def test_served_noise_is_the_rms_of_served_minus_hf_relative_to_the_served_token
     assert rp.served_noise(row, 3, top) == pytest.approx(math.sqrt((0.1**2 + 0.0) / 2))
     assert rp.served_noise(row, 0, top) is None  # the served token is not among its own top
     assert rp.served_noise(row, 3, [[3, -0.1]]) is None  # nothing to compare it with
+    assert rp.served_noise(row, 3, None) is None  # a server that sent no logprobs
