@@ -65,7 +65,8 @@ from each other later are judged too. A DEFECT that a configuration of SGLang's 
 SGLang's departure from HF, not sglang-fl's. On an MoE model each DEFECT is also probed for a
 router near-tie (`probe_routers`, sglang_fl/models/router_probe.py): one expert flip that bf16
 rounding can make, along the served prefix in HF fp32, after which HF gives the served token
-within the bound and the server's own top logprobs, explains it. The exit status is 1 when any other verdict is DEFECT or undecided, or the
+within the bound and the server's own top logprobs, explains it; failing one, a set of flips
+drawn at rounding's odds that does so. The exit status is 1 when any other verdict is DEFECT or undecided, or the
 check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
@@ -536,8 +537,9 @@ def attribute_to_sglang(greedy) -> list[tuple[str, int, int, str]]:
 
 
 #: DEFECT steps of an MoE model whose router near-ties are probed (`probe_routers`), at most:
-#: HF's witness and fp32 copies are loaded once for all, then one fp32 forward per swap
-#: (`router_probe.MAX_FLIPS` per step). Keep JUDGE_RESERVE (gpu_session.sh) for them.
+#: HF's witness and fp32 copies are loaded once for all, then one fp32 forward per swap or set
+#: (`router_probe.MAX_FLIPS` + `router_probe.ENSEMBLE` per step; 35 s for one step's 64 swaps
+#: and both loads on an H100). Keep JUDGE_RESERVE (gpu_session.sh) for them.
 ROUTER_PROBES = 2
 
 
@@ -556,8 +558,9 @@ def _defects(greedy):
 
 def probe_routers(greedy, prompts, run_probe, limit: int = ROUTER_PROBES) -> int:
     """Give each DEFECT row of an MoE model ``router_probe``: whether one rounding-sized router
-    flip in HF fp32 along the served prefix gives the served token within the step's bound and
-    the server's own top logprobs there (`sglang_fl.models.router_probe`; ``run_probe(cases)``
+    flip in HF fp32 along the served prefix, or a set drawn at rounding's odds, gives the served
+    token within the step's bound and the server's own top logprobs there
+    (`sglang_fl.models.router_probe`; ``run_probe(cases)``
     runs it). Rows with the same prefix and token share one probe (with the first row's top
     logprobs); past ``limit`` distinct ones a row says it was not probed. Returns how many
     were probed."""
@@ -613,9 +616,19 @@ def reprobe(path: Path, model, out: Path | None, limit: int = ROUTER_PROBES,
     return doc
 
 
-def _router_near_tie(row) -> bool:
+def _router_explanation(row) -> tuple[str, dict] | None:
+    """``("flip", swap)`` or ``("set", drawn set)`` where the row's router probe explains it."""
     probe = row.get("router_probe")
-    return isinstance(probe, dict) and probe.get("explained_by") is not None
+    if not isinstance(probe, dict):
+        return None
+    if probe.get("explained_by") is not None:
+        return "flip", probe["explained_by"]
+    drawn = (probe.get("ensemble") or {}).get("explained_by")
+    return None if drawn is None else ("set", drawn)
+
+
+def _router_near_tie(row) -> bool:
+    return _router_explanation(row) is not None
 
 
 def _accepted(row) -> bool:
@@ -1263,15 +1276,23 @@ def _label(row) -> str:
     """A row's verdict, with the SGLang configuration that makes the same DEFECT and the router
     flip that explains it."""
     label = row["verdict"] + (f" (as {row['as']})" if "as" in row else "")
-    if _router_near_tie(row):
-        flip = row["router_probe"]["explained_by"]
-        label += (f" = router near-tie (router {flip['router']}, token {flip['position']}: "
-                  f"expert {flip['out']} -> {flip['in']}, {flip['gap_sigmas']} sigma; HF's "
-                  f"margin then {flip['margin']:.4g})")
-    elif isinstance(row.get("router_probe"), dict):
-        probe = row["router_probe"]
+    kind, how = _router_explanation(row) or (None, None)
+    probe = row.get("router_probe")
+    if kind == "flip":
+        label += (f" = router near-tie (router {how['router']}, token {how['position']}: "
+                  f"expert {how['out']} -> {how['in']}, {how['gap_sigmas']} sigma; HF's "
+                  f"margin then {how['margin']:.4g})")
+    elif kind == "set":
+        ens = probe["ensemble"]
+        label += (f" = router near-ties ({len(how['flips'])} flips drawn at rounding's odds, "
+                  f"set {how['sample']} of {ens['samples']}, {ens['explaining']} explaining; "
+                  f"HF's margin then {how['margin']:.4g})")
+    elif isinstance(probe, dict):
+        ens = probe.get("ensemble")
         label += (f" (no router flip explains it: {probe['flips_tried']} of "
-                  f"{probe['near_ties']} near-ties tried)")
+                  f"{probe['near_ties']} near-ties tried"
+                  + (f", nor {ens['samples']} sets drawn at rounding's odds (least margin "
+                     f"{ens['least_margin']:.4g})" if ens else "") + ")")
     return label
 
 

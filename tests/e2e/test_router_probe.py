@@ -51,7 +51,7 @@ def test_a_swap_changes_only_the_forward_from_its_position_on(fp32):
     router = rp.routers(fp32)[flip["router"]]
     with torch.no_grad():
         base = fp32(input_ids=torch.tensor([PROMPT])).logits[0]
-        handle = router.register_forward_hook(rp._swap(flip["position"], flip["out"], flip["in"]))
+        handle = router.register_forward_hook(rp._swap([(flip["position"], flip["out"], flip["in"])]))
         try:
             swapped = fp32(input_ids=torch.tensor([PROMPT])).logits[0]
         finally:
@@ -97,6 +97,48 @@ def test_a_served_step_one_rounding_sized_flip_gives_is_explained_and_others_are
     assert explained is not None and explained["hf_token"] == token
     assert explained["served_noise"] <= got[0]["match"] < got[0]["served_noise"]
     assert got[0]["near_ties"] == len(ties) and got[0]["flips_tried"] == upto
+    assert got[0]["ensemble"] is None  # one swap explains it: no sets are drawn
     assert got[1]["explained_by"] is None  # the margin alone is not enough
     assert got[1]["least_margin"] <= 0.0
+    assert got[1]["ensemble"] is None  # HF's own distribution: nothing for a flip to explain
     assert got[2]["explained_by"] is None and got[2]["least_margin"] > 0.5
+
+
+def test_a_served_step_a_set_of_flips_gives_is_explained_by_the_drawn_sets(moe, fp32):
+    """A server that flipped several near-ties at once, at rounding's odds, is explained by a
+    drawn set where no single swap is tried; a server whose token and distribution no set
+    reaches is not, and its row says how close the sets came."""
+    logits, last = rp.router_logits(fp32, PROMPT, "cpu")
+    witness = rp.router_logits(load_hf_model(moe, "bfloat16"), PROMPT, "cpu")[0]
+    ties = rp.near_ties(logits, 4, rp.router_noise(logits, witness))
+    base, noise, seed = int(last.argmax()), 0.005, 3
+    match = rp.MATCH * math.sqrt(2.0) * noise
+
+    def moves(drawn):  # HF's pick, and the top logprobs well beyond what rounding explains
+        row = rp.logits_with_flips(fp32, PROMPT, drawn, "cpu")
+        token = int(row.argmax())
+        return token != base and rp.served_noise(last, token, _top(row)) > 2 * match, row
+
+    moved = ((i + 1, row) for i, drawn in enumerate(rp.draw_flips(ties, 32, seed))
+             if len(drawn) >= 2 for ok, row in [moves(drawn)] if ok)
+    upto, row = next(moved, (None, None))
+    assert upto is not None, "no drawn set of two or more flips moves HF's pick"
+    token = int(row.argmax())
+    lowest = int(last.argmin())
+    stray = [[lowest, -0.1]] + _top(last)[1:]  # a token HF ranks last, served with confidence
+    got = rp.probe(moe, [(PROMPT, token, 0.0, noise, _top(row)),
+                         (PROMPT, lowest, 0.5, noise, stray)],
+                   max_flips=0, samples=upto, seed=seed)
+    assert got[0]["explained_by"] is None and got[0]["flips_tried"] == 0
+    ensemble = got[0]["ensemble"]
+    assert ensemble["samples"] == upto and ensemble["seed"] == seed
+    assert ensemble["expected_flips"] == pytest.approx(
+        sum(rp.flip_chance(t["gap_sigmas"]) for t in ties), abs=1e-3)
+    explained = ensemble["explained_by"]
+    assert explained is not None and explained["sample"] < upto
+    assert explained["hf_token"] == token and explained["margin"] == 0.0
+    assert explained["served_noise"] <= got[0]["match"] < got[0]["served_noise"]
+    assert len(explained["flips"]) >= 1 and ensemble["explaining"] >= 1
+    stray_sets = got[1]["ensemble"]
+    assert got[1]["explained_by"] is None and stray_sets["explained_by"] is None
+    assert stray_sets["within_bound"] == 0 and stray_sets["least_margin"] > 0.5

@@ -659,6 +659,36 @@ def test_a_defect_one_rounding_sized_router_flip_explains_is_a_router_near_tie()
     assert e2e_bench.probe_routers({"servers": served, "verdicts": {}}, prompts, run_probe) == 0
 
 
+def test_a_defect_a_set_of_flips_drawn_at_rounding_s_odds_explains_is_a_router_near_tie():
+    """Where no single swap explains a DEFECT, a drawn set that does (`router_probe.ENSEMBLE`)
+    does not fail the run, and the row names the set; an ensemble that explains nothing leaves
+    the DEFECT failing, and the row says so with the ensemble's least margin."""
+    def row(ensemble):
+        probe = {"explained_by": None, "near_ties": 299, "flips_tried": 64, "least_margin": 3.04,
+                 "ensemble": ensemble}
+        return {"prompt": 0, "equal": False, "step": 7, "hf_token": 17350,
+                "served_token": 71572, "gap": 0.15, "margin": 3.37, "margin_at_least": None,
+                "noise": 0.51, "bound": 2.9, "kept": 1025, "verdict": "DEFECT",
+                "router_probe": probe}
+
+    drawn = {"sample": 5, "hf_token": 71572, "margin": 0.0, "served_noise": 1.2,
+             "flips": [{"router": 2, "position": 27, "out": 200, "in": 173, "gap_sigmas": 0.03},
+                       {"router": 6, "position": 30, "out": 1, "in": 9, "gap_sigmas": 0.4}]}
+    explained = row({"samples": 64, "explaining": 3, "least_margin": 0.0, "explained_by": drawn})
+    unexplained = row({"samples": 64, "explaining": 0, "least_margin": 2.95,
+                       "explained_by": None})
+    for good, want in ((explained, 0), (unexplained, 1)):
+        greedy = {"servers": {"native-L1off": [[1]]}, "hf_reference": {},
+                  "verdicts": {"native-L1off": [good]}}
+        assert e2e_bench.exit_status({"greedy": greedy}) == want
+    assert e2e_bench._label(explained) == (
+        "DEFECT = router near-ties (2 flips drawn at rounding's odds, set 5 of 64, 3 explaining; "
+        "HF's margin then 0)")
+    assert e2e_bench._label(unexplained) == (
+        "DEFECT (no router flip explains it: 64 of 299 near-ties tried, nor 64 sets drawn at "
+        "rounding's odds (least margin 2.95))")
+
+
 def test_sglang_own_routes_nothing_through_sglang_fl():
     """The witness of `attribute_to_sglang`: Layer 2 off (and with it the GDN routes, which
     plugin.py installs only under it) and Layer 1 off, whatever the platform YAML says."""

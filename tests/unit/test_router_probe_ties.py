@@ -47,3 +47,36 @@ def test_served_noise_is_the_rms_of_served_minus_hf_relative_to_the_served_token
     assert rp.served_noise(row, 0, top) is None  # the served token is not among its own top
     assert rp.served_noise(row, 3, [[3, -0.1]]) is None  # nothing to compare it with
     assert rp.served_noise(row, 3, None) is None  # a server that sent no logprobs
+
+
+def test_a_gap_flips_at_the_odds_rounding_gives_it():
+    assert rp.flip_chance(0.0) == pytest.approx(0.5)
+    assert rp.flip_chance(1.0) == pytest.approx(0.158655, abs=1e-6)
+    assert rp.flip_chance(4.0) < 4e-5
+    assert rp.flip_chance(0.5) > rp.flip_chance(1.5) > rp.flip_chance(3.0)
+
+
+def test_drawn_sets_are_seeded_and_flip_each_tie_at_its_odds():
+    ties = [{"router": 0, "position": p, "out": 1, "in": 2, "gap_sigmas": z}
+            for p, z in enumerate((0.0, 1.0, 3.0))]
+    draws = rp.draw_flips(ties, 4000, seed=1)
+    assert draws == rp.draw_flips(ties, 4000, seed=1)
+    assert draws != rp.draw_flips(ties, 4000, seed=2)
+    for tie in ties:
+        seen = sum(tie in d for d in draws) / len(draws)
+        # 4000 draws: a binomial's deviation is at most 0.008
+        assert seen == pytest.approx(rp.flip_chance(tie["gap_sigmas"]), abs=0.03)
+    assert rp.draw_flips([], 3) == [[], [], []]
+
+
+def test_a_swap_never_routes_one_expert_twice():
+    logits, weights = torch.zeros(3, 6), torch.ones(3, 2)
+    indices = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    hook = rp._swap([(0, 1, 5), (1, 2, 3), (2, 0, 1)])
+    _, same_weights, got = hook(None, (), (logits, weights, indices))
+    # token 0: 1 -> 5; token 1: 3 is routed already, left; token 2: expert 0 is not routed, left
+    assert got.tolist() == [[0, 5], [2, 3], [4, 5]]
+    assert indices.tolist() == [[0, 1], [2, 3], [4, 5]]  # the router's own output untouched
+    assert same_weights is weights
+    with pytest.raises(TypeError, match="should return"):
+        hook(None, (), logits)
