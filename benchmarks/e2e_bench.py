@@ -1272,6 +1272,15 @@ def _verdict_summary(verdicts, unit=""):
     return f"{len(verdicts) - len(parted)}/{len(verdicts)}{unit}" + (f" ({kinds})" if kinds else "")
 
 
+def _shift(ensemble, probe) -> str:
+    """How far the drawn sets move HF's distribution, beside how far the server sits from it."""
+    shift = ensemble.get("shift")
+    if not shift or probe.get("served_noise") is None:
+        return ""
+    return (f"; they move HF's distribution by {shift['median']:.3g} (median) to "
+            f"{shift['max']:.3g}, the server sits {probe['served_noise']:.3g} from it")
+
+
 def _label(row) -> str:
     """A row's verdict, with the SGLang configuration that makes the same DEFECT and the router
     flip that explains it."""
@@ -1292,7 +1301,8 @@ def _label(row) -> str:
         label += (f" (no router flip explains it: {probe['flips_tried']} of "
                   f"{probe['near_ties']} near-ties tried"
                   + (f", nor {ens['samples']} sets drawn at rounding's odds (least margin "
-                     f"{ens['least_margin']:.4g})" if ens else "") + ")")
+                     f"{ens['least_margin']:.4g}" + _shift(ens, probe) + ")" if ens else "")
+                  + ")")
     return label
 
 

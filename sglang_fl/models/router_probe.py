@@ -194,16 +194,24 @@ def _explains(outcome, bound: float, match: float) -> bool:
             and outcome["served_noise"] <= match)
 
 
-def _ensemble(model, prefix, served, top, ties, bound, match, device, found, samples, seed):
+def _ensemble(model, prefix, served, top, last, ties, bound, match, device, found, samples,
+              seed):
     """`draw_flips`' sets swapped together, one fp32 forward each: how many bring HF's margin
     over ``served`` within ``bound``, how many also bring the served distribution within
-    ``match``, and the first set that does (``explained_by``, its flips listed)."""
+    ``match``, and the first set that does (``explained_by``, its flips listed). ``shift``: how
+    far each set moves HF's own distribution (``last``, unswapped) on the served top tokens, by
+    the same measure (median, max): the size of departure that rounding's router flips make,
+    beside the server's own (``served_noise`` of the probe)."""
     draws = draw_flips(ties, samples, seed)
-    outcomes = [_outcome(logits_with_flips(model, prefix, drawn, device, found), served, top)
-                for drawn in draws]
+    rows = [logits_with_flips(model, prefix, drawn, device, found) for drawn in draws]
+    outcomes = [_outcome(row, served, top) for row in rows]
     hits = [i for i, o in enumerate(outcomes) if _explains(o, bound, match)]
     noises = [o["served_noise"] for o in outcomes if o["served_noise"] is not None]
+    own = [[t, float(last[t])] for t, _ in top or ()]
+    shifts = sorted(v for v in (served_noise(row, served, own) for row in rows) if v is not None)
     return {
+        "shift": None if not shifts else {"median": round(shifts[len(shifts) // 2], 6),
+                                          "max": round(shifts[-1], 6)},
         "samples": samples, "seed": seed,
         "expected_flips": round(sum(flip_chance(t["gap_sigmas"]) for t in ties), 3),
         "mean_flips": round(sum(map(len, draws)) / samples, 3) if samples else 0.0,
@@ -270,8 +278,8 @@ def probe(model_path, cases, *, device: str = "cpu", witness: str = "bfloat16",
                 "best_match": min((f for f in flips if f["served_noise"] is not None),
                                   key=lambda f: f["served_noise"], default=None),
                 "ensemble": None if single is not None or not apart or not ties or samples < 1
-                else _ensemble(model, prefix, served, top, ties, bound, match, device, found,
-                               samples, seed)})
+                else _ensemble(model, prefix, served, top, last, ties, bound, match, device,
+                               found, samples, seed)})
     finally:
         del model, found
         free_device_memory(device)

@@ -139,6 +139,9 @@ def test_a_served_step_a_set_of_flips_gives_is_explained_by_the_drawn_sets(moe, 
     assert explained["hf_token"] == token and explained["margin"] == 0.0
     assert explained["served_noise"] <= got[0]["match"] < got[0]["served_noise"]
     assert len(explained["flips"]) >= 1 and ensemble["explaining"] >= 1
+    # the set that moved HF to the served distribution moved it as far as the server is from HF
+    assert 0.0 < ensemble["shift"]["median"] <= ensemble["shift"]["max"]
+    assert ensemble["shift"]["max"] >= got[0]["served_noise"] - got[0]["match"]
     stray_sets = got[1]["ensemble"]
     assert got[1]["explained_by"] is None and stray_sets["explained_by"] is None
     assert stray_sets["within_bound"] == 0 and stray_sets["least_margin"] > 0.5

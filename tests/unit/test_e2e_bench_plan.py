@@ -676,7 +676,8 @@ def test_a_defect_a_set_of_flips_drawn_at_rounding_s_odds_explains_is_a_router_n
                        {"router": 6, "position": 30, "out": 1, "in": 9, "gap_sigmas": 0.4}]}
     explained = row({"samples": 64, "explaining": 3, "least_margin": 0.0, "explained_by": drawn})
     unexplained = row({"samples": 64, "explaining": 0, "least_margin": 2.95,
-                       "explained_by": None})
+                       "shift": {"median": 0.9, "max": 2.1}, "explained_by": None})
+    unexplained["router_probe"]["served_noise"] = 1.66
     for good, want in ((explained, 0), (unexplained, 1)):
         greedy = {"servers": {"native-L1off": [[1]]}, "hf_reference": {},
                   "verdicts": {"native-L1off": [good]}}
@@ -686,7 +687,8 @@ def test_a_defect_a_set_of_flips_drawn_at_rounding_s_odds_explains_is_a_router_n
         "HF's margin then 0)")
     assert e2e_bench._label(unexplained) == (
         "DEFECT (no router flip explains it: 64 of 299 near-ties tried, nor 64 sets drawn at "
-        "rounding's odds (least margin 2.95))")
+        "rounding's odds (least margin 2.95; they move HF's distribution by 0.9 (median) to 2.1, "
+        "the server sits 1.66 from it))")
 
 
 def test_sglang_own_routes_nothing_through_sglang_fl():
