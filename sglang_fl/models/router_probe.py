@@ -17,7 +17,7 @@ whole distribution.
 
 One swap is the narrow case. A served prefix of some tens of tokens through eight routers of
 256 experts holds hundreds of near-ties, many a fraction of a deviation apart, and a bf16 server
-flips each at the odds rounding gives it (`flip_chance`): dozens at once. Where no single swap
+flips each at the odds rounding gives it (`flip_chance`): many at once. Where no single swap
 explains the step, the probe draws `ENSEMBLE` such sets (seeded, `draw_flips`) and reruns fp32
 with each set swapped together; a set that meets the same two conditions explains the step.
 The H200's 35B-A3B step of 2026-12-06 is the case: 299 near-ties, and the best single swap
@@ -39,7 +39,7 @@ from sglang_fl.models.hf_reference import (
 )
 
 #: Near-ties swapped one at a time, closest first: each is one fp32 forward of the prefix (on
-#: an H100, two HF loads and 64 forwards of a 35-token prefix of the 35B-A3B shape took 35 s).
+#: an H100, two HF loads and 64 forwards of a 39-token prefix of the 35B-A3B shape took 35 s).
 MAX_FLIPS = 64
 #: Sets of near-ties drawn at rounding's odds and swapped together, where no single swap
 #: explains a step: one fp32 forward each.
