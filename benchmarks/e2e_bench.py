@@ -66,8 +66,8 @@ SGLang's departure from HF, not sglang-fl's. On an MoE model each DEFECT is also
 router near-tie (`probe_routers`, sglang_fl/models/router_probe.py): one expert flip that bf16
 rounding can make, along the served prefix in HF fp32, after which HF gives the served token
 within the bound and the server's own top logprobs, explains it; failing one, a set of flips
-drawn at rounding's odds that does so. The exit status is 1 when any other verdict is DEFECT or undecided, or the
-check could not be made. ``--repeats 0`` serves the greedy check
+drawn at rounding's odds that does so. The exit status is 1 when any other verdict is DEFECT
+or undecided, or the check could not be made. ``--repeats 0`` serves the greedy check
 alone (no speed measured). A server that fails (to start, or later) is reported
 at once with its log's last lines, and its whole log is kept as
 ``<out dir>/server-<config>-failed.log``. SIGTERM (a stage's ``timeout``) stops the servers and
@@ -1272,13 +1272,21 @@ def _verdict_summary(verdicts, unit=""):
     return f"{len(verdicts) - len(parted)}/{len(verdicts)}{unit}" + (f" ({kinds})" if kinds else "")
 
 
-def _shift(ensemble, probe) -> str:
-    """How far the drawn sets move HF's distribution, beside how far the server sits from it."""
-    shift = ensemble.get("shift")
-    if not shift or probe.get("served_noise") is None:
-        return ""
-    return (f"; they move HF's distribution by {shift['median']:.3g} (median) to "
-            f"{shift['max']:.3g}, the server sits {probe['served_noise']:.3g} from it")
+def _unexplained(probe) -> str:
+    """What a router probe that explains nothing tried: its single swaps, its drawn sets (how
+    close they came), and how far the sets move HF's distribution beside the server's distance."""
+    text = (f" (no router flip explains it: {probe['flips_tried']} of {probe['near_ties']} "
+            "near-ties tried")
+    ens = probe.get("ensemble")
+    if ens:
+        text += (f", nor {ens['samples']} sets drawn at rounding's odds (least margin "
+                 f"{ens['least_margin']:.4g}")
+        shift = ens.get("shift")
+        if shift and probe.get("served_noise") is not None:
+            text += (f"; they move HF's distribution by {shift['median']:.3g} (median) to "
+                     f"{shift['max']:.3g}, the server sits {probe['served_noise']:.3g} from it")
+        text += ")"
+    return text + ")"
 
 
 def _label(row) -> str:
@@ -1297,12 +1305,7 @@ def _label(row) -> str:
                   f"set {how['sample']} of {ens['samples']}, {ens['explaining']} explaining; "
                   f"HF's margin then {how['margin']:.4g})")
     elif isinstance(probe, dict):
-        ens = probe.get("ensemble")
-        label += (f" (no router flip explains it: {probe['flips_tried']} of "
-                  f"{probe['near_ties']} near-ties tried"
-                  + (f", nor {ens['samples']} sets drawn at rounding's odds (least margin "
-                     f"{ens['least_margin']:.4g}" + _shift(ens, probe) + ")" if ens else "")
-                  + ")")
+        label += _unexplained(probe)
     return label
 
 

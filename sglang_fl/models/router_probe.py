@@ -214,7 +214,7 @@ def _ensemble(model, prefix, served, top, last, ties, bound, match, device, foun
                                           "max": round(shifts[-1], 6)},
         "samples": samples, "seed": seed,
         "expected_flips": round(sum(flip_chance(t["gap_sigmas"]) for t in ties), 3),
-        "mean_flips": round(sum(map(len, draws)) / samples, 3) if samples else 0.0,
+        "mean_flips": round(sum(map(len, draws)) / samples, 3),
         "within_bound": sum(o["margin"] <= bound for o in outcomes),
         "explaining": len(hits),
         "least_margin": min((o["margin"] for o in outcomes), default=None),
