@@ -81,13 +81,21 @@ DEVICE_ARGS = {
 # metrics collectors are hook targets); the rest of tests/e2e (server variants, near ties,
 # demo) and tests/packaging do not change with the SGLang version and run in
 # `tests` only, which keeps .ci/run under its time budget.
-SGLANG_0_5_23_TESTS = ("tests/unit", "tests/integration", "tests/distributed",
+# Unit modules of sglang-fl's own tools (checkpoint writer, benchmarks' bookkeeping, the GPU
+# session script) that pass with SGLang unimportable: each was run with an import hook refusing
+# `sglang` (2026-12-07), and tests/unit/test_nox_tracks.py keeps them free of SGLang imports.
+# A second SGLang version adds nothing to them, and they cost the 0.5.23 track ~3 minutes.
+SGLANG_FREE_TESTS = ("tests/unit/test_mtp_agreement.py", "tests/unit/test_gpu_session_verify.py",
+                     "tests/unit/test_gpu_session_shapes.py", "tests/unit/test_gpu_session_pack.py",
+                     "tests/unit/test_gpu_session_install.py", "tests/unit/test_e2e_bench_plan.py",
+                     "tests/unit/test_router_probe_ties.py", "tests/unit/test_hf_reference.py",
+                     "tests/unit/test_op_bench.py", "tests/unit/test_trace_analysis.py",
+                     "tests/unit/test_launch_cost.py", "tests/unit/test_step_profile.py")
+SGLANG_0_5_23_TESTS = ("tests/unit", *(f"--ignore={path}" for path in SGLANG_FREE_TESTS),
+                       "tests/integration", "tests/distributed",
                        # TP=2 x PP=2 (four processes on CI's two cores) runs in `tests` only
                        "--deselect", "tests/distributed/test_pp_e2e.py::"
                        "test_tp2_pp2_serves_the_same_greedy_ids_as_one_process",
-                       # a transformers-only checkpoint check (~2-3 min): no SGLang in it
-                       "--deselect", "tests/unit/test_mtp_agreement.py::"
-                       "test_reduced_27b_shape_agrees_in_bf16",
                        "tests/e2e/test_server.py", "tests/e2e/test_moe_server.py",
                        "tests/e2e/test_hybrid_server.py", "tests/e2e/test_other_architectures.py",
                        "tests/e2e/test_image_input.py", "tests/e2e/test_hybrid_chunked_prefill.py",
