@@ -25,6 +25,11 @@ def smoke(tmp_path, *args, **env):
 
 
 def test_layers_1_2_3_on_cpu(tmp_path):
+    """(.ci/run leaves it to `nox -s image-cpu` when that runs too: the image's `smoke --no-skip`
+    runs these layers and more, each of which fails the suite unless sglang-fl serves it.)"""
+    if os.environ.get("SGLANG_FL_TEST_IMAGE_CPU_RUNS") == "1":
+        pytest.skip("nox -s image-cpu runs the smoke suite's every layer in this CI run "
+                    "(SGLANG_FL_TEST_IMAGE_CPU_RUNS=1)")
     result, results = smoke(tmp_path, "--layers", "1,2,3", "--no-skip")
     assert result.returncode == 0, result.stdout + result.stderr
     assert results["1"]["status"] == "disabled"
