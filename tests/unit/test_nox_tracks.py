@@ -25,14 +25,18 @@ def _nox_tuple(name: str) -> list[str]:
     return list(scope[name])
 
 
+def _is_sglang(name) -> bool:
+    return str(name).split(".")[0] == "sglang"
+
+
 def _imports_sglang(node: ast.AST) -> bool:
+    """``import sglang...``, ``from sglang... import``, or ``importorskip("sglang...")``."""
     if isinstance(node, ast.Import):
-        return any(a.name == "sglang" or a.name.startswith("sglang.") for a in node.names)
+        return any(_is_sglang(a.name) for a in node.names)
     if isinstance(node, ast.ImportFrom):
-        return node.level == 0 and (node.module == "sglang" or (node.module or "").startswith("sglang."))
+        return node.level == 0 and _is_sglang(node.module)
     if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip":
-        return any(isinstance(a, ast.Constant) and str(a.value).split(".")[0] == "sglang"
-                   for a in node.args)
+        return any(isinstance(a, ast.Constant) and _is_sglang(a.value) for a in node.args)
     return False
 
 
