@@ -281,7 +281,10 @@ stage_e2e() {
   end_by
   timeout "$(budget "${E2E_TIMEOUT:-480}")" "$PY" benchmarks/e2e_bench.py --model "$MODEL_DIR" --out "$OUT/e2e.json" \
     --log-dir /tmp/e2e-logs "${END_BY[@]}" "${ARGS[@]}" 2>&1 | tee "$OUT/e2e.log" | tail -n 60
-  tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs 2>/dev/null
+  local rc=$?  # e2e_bench's status (pipefail), which the tarball after it must not replace
+  # A --reprobe serves nothing and leaves no log folder (2026-12-07c: the stage said rc=2, tar's).
+  [[ ! -d /tmp/e2e-logs ]] || tar -czf "$OUT/e2e-logs.tgz" -C /tmp e2e-logs
+  return "$rc"
 }
 
 stage_tune() {

@@ -1,7 +1,8 @@
 """benchmarks/gpu_session.sh's ``shapes`` stage, with stand-ins for what needs the H200 (the
 ``nvidia-smi`` that counts GPUs, the python that makes checkpoints and runs e2e_bench): each
 preset's checkpoint is made, then judged with its own HF reference file; with two GPUs the
-presets run side by side, one per GPU; a run that finds a DEFECT (exit 1) fails the stage."""
+presets run side by side, one per GPU; a run that finds a DEFECT (exit 1) fails the stage. The
+``e2e`` stage, which runs e2e_bench once on ``MODEL_DIR``, fails by the same rule."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ echo "| fl-defaults | 0 | yes | - | - | - | - | - | equal |"
 """
 
 
-def run_stage(tmp_path, gpus, **env):
+def run_stage(tmp_path, gpus, stage="shapes", **env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("nvidia-smi", "#!/usr/bin/env bash\n" + "".join(
@@ -33,7 +34,7 @@ def run_stage(tmp_path, gpus, **env):
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PY": str(bin_dir / "py"),
             "OUT": str(out), "CALLS": str(tmp_path / "calls"), "SHAPES_LOGS": str(tmp_path / "logs"),
             **env}
-    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "shapes"], cwd=ROOT, env=full,
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", stage], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=60)
     calls = (tmp_path / "calls").read_text().splitlines()
     return proc.stdout + proc.stderr, calls, out
@@ -53,6 +54,20 @@ def test_one_gpu_runs_the_presets_one_after_another_and_a_defect_fails_the_stage
     durations = (out / "shapes-durations.txt").read_text()
     assert "e2e-qwen3.6-27b" in durations and "e2e-qwen3.6-35b-a3b" in durations
     assert (out / "shapes-logs.tgz").exists()
+
+
+def test_the_e2e_stage_fails_as_its_e2e_bench_does(tmp_path):
+    """The stage's status is e2e_bench's, not that of the log tarball made after it: on
+    2026-12-07 a ``--reprobe`` that passed (it serves nothing, so no log folder) read "FAILED
+    (rc=2)", and a DEFECT would have read as tar's success."""
+    text, calls, out = run_stage(tmp_path, 1, "e2e", MODEL_DIR="/tmp/shapes-qwen3.6-35b-a3b",
+                                 E2E_ARGS="--reprobe old.json")
+    assert calls[0].startswith("benchmarks/e2e_bench.py --model /tmp/shapes-qwen3.6-35b-a3b")
+    assert calls[0].split(" gpu=")[0].endswith("--reprobe old.json")
+    assert "| DEFECT |" in (out / "e2e.log").read_text() and "stage e2e FAILED (rc=1)" in text
+    (tmp_path / "calls").unlink()
+    text, _, out = run_stage(tmp_path, 1, "e2e", MODEL_DIR="/tmp/shapes-qwen3.6-27b")
+    assert "| equal |" in (out / "e2e.log").read_text() and "FAILED" not in text
 
 
 def test_two_gpus_take_one_preset_each_and_a_carried_reference_is_used(tmp_path):
