@@ -15,14 +15,27 @@ markdown table.
     python benchmarks/op_bench.py --out benchmarks/results/h200/ops.json
     python benchmarks/op_bench.py --backends flagos,vendor.cuda --tokens 512,2048,4096,16384 \\
         --ops rms_norm,fused_add_rms_norm,rotary_embedding,silu_and_mul --out prefill-ops.json
+    python benchmarks/op_bench.py --model /tmp/shapes-qwen3.6-27b --backends flagos,vendor.cuda \\
+        --tokens 2048,8192 --out qwen3.6-27b-prefill-ops.json
 
 The second is the prefill view (gpu_session.sh prefillprofile): prefill runs eager, so its
 "eager - graph" column is the launch overhead each call pays there.
+
+The third times the ops at one checkpoint's own shapes (``--model``: a Hugging Face model
+directory or its config.json, read by ``sglang-fl tune``'s `ModelShapes.from_model`) instead of
+the built-in shape list: each op the model uses, with the inputs ``sglang-fl tune`` builds
+(`build_case`), one row per variant (``rms_norm`` / ``gemma_rms_norm`` plain, and with the
+residual as ``fused_add_rms_norm`` / ``fused_add_gemma_rms_norm``). Ops the model does not use
+(``topk`` on a dense model) are listed once on stderr; the shapes head the table and sit in
+the JSON's settings (``model``). Token caps are the built-in list's:
+GDN decode ops stop at tune's MAX_DECODE_SEQUENCES, and the GDN prefill ops at 2,048 tokens only
+when the slow ``reference`` backend is among ``--backends``. ``--ops`` filters by row name.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -40,8 +53,11 @@ from sglang_fl.tune import (  # noqa: E402
     GDN,
     GDN_DECODE_OPS,
     MAX_DECODE_SEQUENCES,
+    TUNABLE,
     ModelShapes,
+    TuneError,
     build_case,
+    uses,
 )
 
 DTYPE = torch.bfloat16
@@ -85,9 +101,42 @@ def _cases(tokens):
     # MAX_DECODE_SEQUENCES (above it their case is capped, so the row would not be what it says).
     for value_heads in (32, 48):
         for op in GDN:
-            top = MAX_DECODE_SEQUENCES if op in GDN_DECODE_OPS else 2048
+            top = token_cap(op)
             for t in (t for t in tokens if t <= top):
                 yield (op, dict(tokens=t, value_heads=value_heads))
+
+
+def token_cap(op, reference=True):
+    """The most tokens ``op`` is timed at, None for no cap: GDN decode ops at tune's
+    MAX_DECODE_SEQUENCES (above it tune's case is capped, so the row would not be what it says),
+    GDN prefill ops at 2,048 where the ``reference`` backend runs (its chunk loop is slow)."""
+    if op in GDN_DECODE_OPS:
+        return MAX_DECODE_SEQUENCES
+    return 2048 if op in GDN and reference else None
+
+
+def variant_names(op):
+    """Row names of ``op``'s `build_case` variants, in order: the op, then its fused-add case
+    (``rms_norm``'s and ``gemma_rms_norm``'s variant 1 takes the residual)."""
+    return (op, *(case for case, of in _OP_OF.items() if of == op))
+
+
+def model_ops(shapes):
+    """`TUNABLE` split into (used, unused) by ``shapes`` (tune's `uses`, as `build_case` decides)."""
+    used = tuple(op for op in TUNABLE if uses(op, shapes))
+    return used, tuple(op for op in TUNABLE if op not in used)
+
+
+def model_cases(shapes, tokens, backends):
+    """(row name, op, variant, params) of every case ``--model`` times: each op the model uses,
+    each of its variants, at each of ``tokens`` up to the op's `token_cap`."""
+    reference = "reference" in backends
+    for op in model_ops(shapes)[0]:
+        top = token_cap(op, reference)
+        for variant, name in enumerate(variant_names(op)):
+            for t in tokens:
+                if top is None or t <= top:
+                    yield (name, op, variant, dict(tokens=t))
 
 
 _GEN = None
@@ -146,7 +195,30 @@ def build_call(op, p, backend):
     raise ValueError(op)
 
 
-_OP_OF = {"fused_add_rms_norm": "rms_norm"}  # benchmark case -> op table name
+# benchmark case -> op table name
+_OP_OF = {"fused_add_rms_norm": "rms_norm", "fused_add_gemma_rms_norm": "gemma_rms_norm"}
+
+
+def model_call(op, variant, shapes, tokens, backend):
+    """A zero-argument closure running ``op``'s `build_case` variant on ``backend``, called as
+    ``sglang-fl tune`` calls it."""
+    layer, args = build_case(op, shapes, tokens, DTYPE, "cuda", seed=tokens).variants[variant]
+    fn = getattr(backend, op)
+    return lambda: fn(layer, *args)
+
+
+def bench_cases(tokens, shapes, backends, only):
+    """(row head, op, make) per case to time, ``make(backend)`` giving its call: the built-in
+    shape list, or with ``shapes`` (``--model``) the model's `model_cases`."""
+    if shapes is None:
+        cases = ((name, _OP_OF.get(name, name), params, functools.partial(build_call, name, params))
+                 for name, params in _cases(tokens))
+    else:
+        cases = ((name, op, {**params, "variant": variant},
+                  functools.partial(model_call, op, variant, shapes, params["tokens"]))
+                 for name, op, variant, params in model_cases(shapes, tokens, backends))
+    return [({"op": name, **params}, op, make) for name, op, params, make in cases
+            if only is None or name in only]
 
 
 class _ExpertWeights:
@@ -250,66 +322,98 @@ def main(argv=None):
     ap.add_argument("--tokens", help="comma-separated token counts (default: "
                     f"{','.join(map(str, DEFAULT_TOKENS))}); e.g. 512,2048,4096,16384 for prefill")
     ap.add_argument("--ops", help="comma-separated subset of ops (default: all)")
+    ap.add_argument("--model", metavar="DIR", help="time the ops at this checkpoint's shapes "
+                    "(a Hugging Face model directory or its config.json) instead of the "
+                    "built-in list")
     args = ap.parse_args(argv)
     only = set(args.ops.split(",")) if args.ops else None
     tokens = parse_tokens(ap, args)
+    shapes = parse_model(ap, args)
+    names = args.backends.split(",")
+    if shapes is not None:
+        report_unused(shapes, only)
+    cases = bench_cases(tokens, shapes, names, only)
 
-    backends, skipped = load_backends(args.backends.split(","))
+    backends, skipped = load_backends(names)
     for name, why in skipped.items():
         print(f"# {name} skipped: {why}", file=sys.stderr)
     results = []
     t0 = time.time()
-    for op, params in _cases(tokens):
-        if only is not None and op not in only:
-            continue
-        row = {"op": op, **params, "dtype": str(DTYPE).replace("torch.", "")}
-        calls, graphs = {}, {}
-        graph_errors = {}
-        for name, backend in backends.items():  # every input first: a failed capture below
-            if _OP_OF.get(op, op) not in backend.implemented_ops():  # must not poison them
-                continue
-            try:
-                calls[name] = build_call(op, params, backend)
-                calls[name]()
-            except Exception as exc:  # noqa: BLE001 - recorded, the table shows it
-                row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                calls.pop(name, None)
-        for name in calls:
-            try:  # an impl that cannot be captured (e.g. host syncs) is still timed eagerly
-                graphs[name] = make_graph(calls[name], args.per_graph)
-            except Exception as exc:  # noqa: BLE001
-                graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-                torch.cuda.synchronize()
-        eager = {n: [] for n in calls}
-        graph = {n: [] for n in graphs}
-        names = list(calls)
-        for rep in range(args.repeats):
-            order = names[rep % len(names):] + names[:rep % len(names)] if names else []
-            for name in order:
-                eager[name].append(time_eager(calls[name], args.eager_iters))
-                if name in graphs:
-                    graph[name].append(time_graph(graphs[name], args.per_graph, args.replays))
-        for name in names:
-            row[name] = {"eager_us": summarize(eager[name])}
-            if name in graphs:
-                row[name]["graph_us"] = summarize(graph[name])
-                # What eager pays over the graph per call: launch and Python wrapper time not
-                # hidden behind the GPU (0 when the kernel outlasts its launch).
-                row[name]["eager_minus_graph_us"] = (row[name]["eager_us"]["median"]
-                                                     - row[name]["graph_us"]["median"])
-            else:
-                row[name]["graph_error"] = graph_errors[name]
-        del graphs
+    for head, op, make in cases:
+        row = time_row(head, op, make, backends, args)
         results.append(row)
         print(_row_text(row, backends), flush=True)
+    settings = vars(args) | {"out": str(args.out)}
+    if shapes is not None:
+        settings["model"] = {"path": args.model, "shapes": shapes.describe()}
     doc = {"benchmark": "op_bench", "versions": versions(), "skipped_backends": skipped,
-           "settings": vars(args) | {"out": str(args.out)}, "seconds": round(time.time() - t0, 1),
-           "results": results}
+           "settings": settings, "seconds": round(time.time() - t0, 1), "results": results}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1))
     print(table(doc))
     return doc
+
+
+def time_row(head, op, make, backends, args):
+    """One case's row: ``head`` with each backend's eager and graph timings (or its error)."""
+    row = {**head, "dtype": str(DTYPE).replace("torch.", "")}
+    calls, graphs = {}, {}
+    graph_errors = {}
+    for name, backend in backends.items():  # every input first: a failed capture below
+        if op not in backend.implemented_ops():  # must not poison them
+            continue
+        try:
+            calls[name] = make(backend)
+            calls[name]()
+        except Exception as exc:  # noqa: BLE001 - recorded, the table shows it
+            row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            calls.pop(name, None)
+    for name in calls:
+        try:  # an impl that cannot be captured (e.g. host syncs) is still timed eagerly
+            graphs[name] = make_graph(calls[name], args.per_graph)
+        except Exception as exc:  # noqa: BLE001
+            graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            torch.cuda.synchronize()
+    eager = {n: [] for n in calls}
+    graph = {n: [] for n in graphs}
+    names = list(calls)
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)] if names else []
+        for name in order:
+            eager[name].append(time_eager(calls[name], args.eager_iters))
+            if name in graphs:
+                graph[name].append(time_graph(graphs[name], args.per_graph, args.replays))
+    for name in names:
+        row[name] = {"eager_us": summarize(eager[name])}
+        if name in graphs:
+            row[name]["graph_us"] = summarize(graph[name])
+            # What eager pays over the graph per call: launch and Python wrapper time not
+            # hidden behind the GPU (0 when the kernel outlasts its launch).
+            row[name]["eager_minus_graph_us"] = (row[name]["eager_us"]["median"]
+                                                 - row[name]["graph_us"]["median"])
+        else:
+            row[name]["graph_error"] = graph_errors[name]
+    del graphs
+    return row
+
+
+def parse_model(ap, args):
+    """``--model``'s shapes, None without it; a bad path or config stops here."""
+    if args.model is None:
+        return None
+    try:
+        return ModelShapes.from_model(args.model)
+    except TuneError as exc:
+        ap.error(str(exc))
+
+
+def report_unused(shapes, only):
+    """Names on stderr, once, the (selected) ops the model does not use."""
+    unused = [op for op in model_ops(shapes)[1]
+              if only is None or only & set(variant_names(op))]
+    if unused:
+        print(f"# not used by this model: {', '.join(unused)}", file=sys.stderr)
 
 
 def parse_tokens(ap, args):
@@ -328,8 +432,10 @@ def parse_tokens(ap, args):
 
 
 def _shape(row):
-    return ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("op", "dtype") and
-                     not isinstance(v, dict))
+    """The row's shape parameters; a ``--model`` row has tokens only (the model's shapes head
+    the table)."""
+    return ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("op", "dtype", "variant")
+                     and not isinstance(v, dict))
 
 
 def _row_text(row, backends):
@@ -354,6 +460,9 @@ def table(doc):
     if "flagos" in names and "vendor.cuda" in names:
         head.append("vendor/flagos (graph)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    model = doc.get("settings", {}).get("model")
+    if model:
+        lines[:0] = [f"Shapes of {model['path']}: {model['shapes']}", ""]
     for r in doc["results"]:
         cells = [r["op"], _shape(r)]
         for mode in ("graph_us", "eager_us"):

@@ -197,9 +197,25 @@ def _topk_canon(out):
     return weights.gather(-1, order), ids.gather(-1, order)
 
 
+def uses(op: str, s: ModelShapes) -> bool:
+    """Whether a model of shapes ``s`` calls ``op``: an mRoPE model's RoPE layers are all
+    mrotary's (and no other model's are), routing and experts need experts, the GDN ops need
+    Gated DeltaNet layers. Decided from the shapes alone, without building inputs."""
+    if op in ("rotary_embedding", "mrotary_embedding"):
+        return (op == "mrotary_embedding") == bool(s.mrope_section)
+    if op in ("topk", "fused_moe"):
+        return bool(s.experts)
+    if op in GDN:
+        return bool(s.linear_key_heads)
+    return True
+
+
 def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 0) -> Case | None:
-    """Inputs of ``op`` at ``tokens`` tokens, or None if the model does not use the op."""
+    """Inputs of ``op`` at ``tokens`` tokens, or None if the model does not use the op (`uses`)."""
     import torch
+
+    if not uses(op, s):
+        return None
 
     g = torch.Generator(device="cpu").manual_seed(seed * 1000 + tokens)
 
@@ -214,8 +230,6 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
     if op == "silu_and_mul":
         return Case([(_layer(), (randn(tokens, 2 * s.intermediate),))])
     if op in ("rotary_embedding", "mrotary_embedding"):
-        if (op == "mrotary_embedding") != bool(s.mrope_section):
-            return None  # an mRoPE model's layers are MRotaryEmbedding: all of it is mrotary's
         cos, sin = _rope_cache(s, torch, device)
         layer = _layer(head_size=s.head_dim)
         if op == "rotary_embedding":
@@ -231,14 +245,10 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         return Case([(layer, (q, k, cos, sin, pos, tuple(s.mrope_section), s.mrope_interleaved,
                               False, True))])
     if op == "topk":
-        if not s.experts:
-            return None
         logits = randn(tokens, s.experts)
         hidden = randn(tokens, s.hidden)
         return Case([(_layer(), (hidden, logits, s.top_k, True, "softmax"))], canon=_topk_canon)
     if op == "fused_moe":
-        if not s.experts:
-            return None
         e, h, i = s.experts, s.hidden, s.moe_intermediate
         # One device holds every expert (no expert parallelism), as the layer says it: vendor.cuda
         # then times SGLang's unfiltered kernels, the ones a single-device server runs.
@@ -249,7 +259,7 @@ def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 
         weights = (weights / weights.sum(-1, keepdim=True)).float().to(device)
         return Case([(layer, (randn(tokens, h), weights, ids.to(device=device, dtype=torch.int32)))])
     if op in GDN:
-        return _gdn_case(op, s, tokens, randn, torch, device, dtype) if s.linear_key_heads else None
+        return _gdn_case(op, s, tokens, randn, torch, device, dtype)
     raise KeyError(op)
 
 
