@@ -48,14 +48,19 @@ def generate_greedy(server, prompt_ids) -> list[list[int]]:
     return [item["output_ids"] for item in body]
 
 
-def serve_greedy(model, prompt_ids, log_path: Path, *, tp: int = 1, pp: int = 1):
-    """Greedy ids of ``launch_server --tp-size tp --pp-size pp`` for ``prompt_ids``, and its log."""
+def serve_greedy(model, prompt_ids, log_path: Path, *, tp: int = 1, pp: int = 1,
+                 extra_args=(), then=None):
+    """Greedy ids of ``launch_server --tp-size tp --pp-size pp`` for ``prompt_ids``, and its log.
+    ``then(server)``, where given, runs after the request and before the server stops: a second
+    look at the same server (its /metrics, say) without starting another (~60 s on CI)."""
     from sglang_fl.serving import launched_server
 
-    args = ["--dtype", "float32", "--tp-size", str(tp), "--pp-size", str(pp)]
+    args = ["--dtype", "float32", "--tp-size", str(tp), "--pp-size", str(pp), *extra_args]
     with launched_server(model, args, server_env(tp, pp), log_path=log_path,
                          timeout=400) as srv:
         ids = generate_greedy(srv, prompt_ids)
+        if then is not None:
+            then(srv)
     return ids, Path(log_path).read_text(errors="replace")
 
 
