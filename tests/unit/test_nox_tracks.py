@@ -1,6 +1,8 @@
 """noxfile's SGLANG_FREE_TESTS, the unit modules the SGLang 0.5.23 track leaves out, stay free of
 SGLang: none imports it (at any depth of its own code, nor through what it imports at collection,
-checked with an import hook that refuses ``sglang``), and the track really leaves each one out."""
+checked with an import hook that refuses ``sglang``), and the track really leaves each one out.
+Under .ci/run (both tracks side by side) SIDE_TRACK_TESTS move to the 0.5.23 track: each free
+module then still runs in exactly one of the two."""
 
 from __future__ import annotations
 
@@ -23,6 +25,19 @@ def _nox_tuple(name: str) -> list[str]:
         if targets in (["SGLANG_FREE_TESTS"], [name]):
             exec(compile(ast.Module([node], []), "noxfile.py", "exec"), scope)
     return list(scope[name])
+
+
+def _nox_scope(*names: str) -> dict:
+    """noxfile.py's module-level tuples and functions named ``names`` (and what they read of
+    each other, in file order), run without importing nox."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    scope: dict = {"os": os}
+    for node in tree.body:
+        named = [getattr(t, "id", None) for t in getattr(node, "targets", ())] or [
+            getattr(node, "name", None)]
+        if set(named) & set(names):
+            exec(compile(ast.Module([node], []), "noxfile.py", "exec"), scope)
+    return scope
 
 
 def _is_sglang(name) -> bool:
@@ -80,3 +95,28 @@ def test_the_sglang_free_modules_collect_with_sglang_unimportable(tmp_path):
                            text=True, env={**os.environ, "PYTHONPATH": env_path},
                            timeout=120)
     assert probe.returncode != 0 and "(refused)" in probe.stderr
+
+
+def test_side_by_side_each_free_module_runs_in_exactly_one_track():
+    nox = _nox_scope("SGLANG_FREE_TESTS", "SGLANG_0_5_23_TESTS", "SIDE_TRACK_TESTS", "track_args")
+    free, moved, track_args = nox["SGLANG_FREE_TESTS"], nox["SIDE_TRACK_TESTS"], nox["track_args"]
+    assert moved and set(moved) < set(free)
+
+    def runs(args, path):  # a named file runs unless --ignore'd, even inside a named folder
+        return f"--ignore={path}" not in args and (path in args or "tests/unit" in args
+                                                   or "tests" in args)
+
+    for together in (False, True):
+        main, side = track_args(True, together), track_args(False, together)
+        assert main[0] == "tests" and side[:1] == ("tests/unit",)
+        for path in free:
+            where = [runs(main, path), runs(side, path)]
+            assert where == ([False, True] if together and path in moved else [True, False]), (
+                together, path, main, side)
+    # the rest of the 0.5.23 track is as it runs alone
+    def rest(args):
+        return [a for a in args if a.removeprefix("--ignore=") not in moved]
+
+    assert rest(track_args(False, True)) == rest(nox["SGLANG_0_5_23_TESTS"])
+    # .ci/run is where they run side by side, and says so
+    assert "export SGLANG_FL_TEST_SIDE_BY_SIDE=1" in (ROOT / ".ci" / "run").read_text()
