@@ -330,6 +330,7 @@ def main(argv=None):
     tokens = parse_tokens(ap, args)
     shapes = parse_model(ap, args)
     names = args.backends.split(",")
+    check_ops(ap, only, shapes)
     if shapes is not None:
         report_unused(shapes, only)
     cases = bench_cases(tokens, shapes, names, only)
@@ -406,6 +407,18 @@ def parse_model(ap, args):
         return ModelShapes.from_model(args.model)
     except TuneError as exc:
         ap.error(str(exc))
+
+
+def check_ops(ap, only, shapes):
+    """``--ops`` names only cases this run can have (an op the model does not use is one: it is
+    reported, not refused); a typo stops here, naming the accepted names."""
+    if only is None:
+        return
+    known = ({name for op in TUNABLE for name in variant_names(op)} if shapes is not None
+             else {name for name, _ in _cases((1,))})
+    if only - known:
+        ap.error(f"--ops: {', '.join(sorted(only - known))} not known; accepted: "
+                 f"{', '.join(sorted(known))}")
 
 
 def report_unused(shapes, only):

@@ -132,3 +132,19 @@ def test_model_rows_name_the_case_and_the_table_heads_with_the_shapes():
     lines = op_bench.table(doc).splitlines()
     assert lines[0] == "Shapes of /m: hidden 5120" and lines[-1].startswith(
         "| fused_add_gemma_rms_norm | tokens=2048 | 3.00")
+
+
+@pytest.mark.parametrize("model", [False, True])
+def test_an_unknown_op_name_stops_naming_the_accepted_ones(model, tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(HYBRID_27B))
+
+    def load_backends(names):
+        raise AssertionError("backends loaded for a bad --ops")
+
+    monkeypatch.setattr(op_bench, "load_backends", load_backends)
+    argv = ["--ops", "rms_norm,rms_nrom", "--backends", "flagos"]
+    with pytest.raises(SystemExit):
+        op_bench.main(argv + (["--model", str(tmp_path)] if model else []))
+    err = capsys.readouterr().err
+    assert "--ops: rms_nrom not known; accepted: " in err and "fused_add_rms_norm" in err
+    assert ("fused_add_gemma_rms_norm" in err) == model
