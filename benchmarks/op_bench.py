@@ -54,6 +54,7 @@ from sglang_fl.tune import (  # noqa: E402
     GDN_DECODE_OPS,
     MAX_DECODE_SEQUENCES,
     TUNABLE,
+    UNUSED,
     ModelShapes,
     TuneError,
     build_case,
@@ -422,11 +423,11 @@ def check_ops(ap, only, shapes):
 
 
 def report_unused(shapes, only):
-    """Names on stderr, once, the (selected) ops the model does not use."""
-    unused = [op for op in model_ops(shapes)[1]
+    """Names on stderr, once, the (selected) ops the model does not use, with tune's reason."""
+    unused = [f"{op} ({UNUSED[op]})" for op in model_ops(shapes)[1]
               if only is None or only & set(variant_names(op))]
     if unused:
-        print(f"# not used by this model: {', '.join(unused)}", file=sys.stderr)
+        print(f"# not used by this model: {'; '.join(unused)}", file=sys.stderr)
 
 
 def parse_tokens(ap, args):

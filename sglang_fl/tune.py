@@ -197,19 +197,6 @@ def _topk_canon(out):
     return weights.gather(-1, order), ids.gather(-1, order)
 
 
-def uses(op: str, s: ModelShapes) -> bool:
-    """Whether a model of shapes ``s`` calls ``op``: an mRoPE model's RoPE layers are all
-    mrotary's (and no other model's are), routing and experts need experts, the GDN ops need
-    Gated DeltaNet layers. Decided from the shapes alone, without building inputs."""
-    if op in ("rotary_embedding", "mrotary_embedding"):
-        return (op == "mrotary_embedding") == bool(s.mrope_section)
-    if op in ("topk", "fused_moe"):
-        return bool(s.experts)
-    if op in GDN:
-        return bool(s.linear_key_heads)
-    return True
-
-
 def build_case(op: str, s: ModelShapes, tokens: int, dtype, device, seed: int = 0) -> Case | None:
     """Inputs of ``op`` at ``tokens`` tokens, or None if the model does not use the op (`uses`)."""
     import torch
@@ -357,6 +344,18 @@ UNUSED = {"mrotary_embedding": "the model has no mRoPE (no mrope_section)",
           "rotary_embedding": "the model's RoPE layers are mRoPE, timed as mrotary_embedding",
           "topk": "the model has no experts", "fused_moe": "the model has no experts",
           **{op: "the model has no Gated DeltaNet layers" for op in GDN}}
+
+
+def uses(op: str, s: ModelShapes) -> bool:
+    """Whether a model of shapes ``s`` calls ``op`` (`UNUSED` says why not): decided from the
+    shapes alone, without building inputs (`build_case` and op_bench's ``--model`` ask it)."""
+    if op in ("rotary_embedding", "mrotary_embedding"):
+        return (op == "mrotary_embedding") == bool(s.mrope_section)
+    if op in ("topk", "fused_moe"):
+        return bool(s.experts)
+    if op in GDN:
+        return bool(s.linear_key_heads)
+    return True
 
 
 def _one_line(text) -> str:

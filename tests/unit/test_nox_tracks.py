@@ -16,17 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _nox_tuple(name: str) -> list[str]:
-    """A module-level tuple of noxfile.py, read without importing nox (its f-strings evaluated)."""
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
-    scope: dict = {}
-    for node in tree.body:
-        targets = [getattr(t, "id", None) for t in getattr(node, "targets", ())]
-        if targets in (["SGLANG_FREE_TESTS"], [name]):
-            exec(compile(ast.Module([node], []), "noxfile.py", "exec"), scope)
-    return list(scope[name])
-
-
 def _nox_scope(*names: str) -> dict:
     """noxfile.py's module-level tuples and functions named ``names`` (and what they read of
     each other, in file order), run without importing nox."""
@@ -38,6 +27,11 @@ def _nox_scope(*names: str) -> dict:
         if set(named) & set(names):
             exec(compile(ast.Module([node], []), "noxfile.py", "exec"), scope)
     return scope
+
+
+def _nox_tuple(name: str) -> list[str]:
+    """A module-level tuple of noxfile.py, read without importing nox (its f-strings evaluated)."""
+    return list(_nox_scope("SGLANG_FREE_TESTS", name)[name])
 
 
 def _is_sglang(name) -> bool:
