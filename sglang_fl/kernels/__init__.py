@@ -15,6 +15,9 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
 - `gdn_decode`: the Gated DeltaNet decode ops for the ``flagos`` backend, because FlagGems'
   recurrent kernel keeps states as ``[K, V]``: serving SGLang's ``[V, K]`` pool through it cost
   a gather, two transposes and a scatter of every state, 20x SGLang's kernel (H100).
+- `gdn_qk`: q and k for FlagGems' chunked GDN kernel, L2-normalised and expanded to the value
+  heads in one pass, because in PyTorch that prologue was some sixteen eager kernels per
+  prefill call.
 """
 
 

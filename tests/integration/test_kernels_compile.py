@@ -1,9 +1,9 @@
-"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode) compile for NVIDIA GPUs,
+"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode, GDN q/k) compile for NVIDIA GPUs,
 checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
 ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and Ampere
 (sm_80), with the meta-parameters the launchers really use. The interpreter tests
 (test_rope_kernel.py, test_silu_mul_kernel.py, test_rms_norm_kernel.py,
-test_gdn_decode_kernel.py) check what the
+test_gdn_decode_kernel.py, test_gdn_qk_kernel.py) check what the
 kernels compute; only a compile finds what the interpreter lets through, such as a branch whose
 two sides have different types (how SGLang's own conv1d kernel failed on the H100 on
 2026-12-05), and finding it here costs no device time."""
@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_fl.kernels import gdn_decode, rms_norm, rope, silu_mul  # noqa: E402
+from sglang_fl.kernels import gdn_decode, gdn_qk, rms_norm, rope, silu_mul  # noqa: E402
 
 try:
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
@@ -107,4 +107,20 @@ def test_gdn_decode_kernel_compiles(target, dtype, pool, index, group, dk, dv, l
                             {"GROUP": group, "K": dk, "V": dv, "BK": bk, "BV": bv,
                              "L2NORM": l2norm}, 4, target,
                             floats=("scale", "softplus_beta", "softplus_threshold"))
+    assert kernel.asm["cubin"], "no cubin"
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm80"])
+@pytest.mark.parametrize(("dtype", "heads", "dim", "group", "l2norm"), [
+    ("bfloat16", 16, 128, 3, True),   # Qwen3.6-27B: 16 key heads of 128 -> 48 value heads
+    ("bfloat16", 16, 128, 2, True),   # 35B-A3B: -> 32
+    ("float32", 5, 24, 1, False),     # sizes off the blocks, no l2 norm (the fp32 prefill)
+])
+def test_gdn_qk_kernel_compiles(target, dtype, heads, dim, group, l2norm):
+    _, meta = gdn_qk._geometry(heads, dim, group, l2norm)
+    meta = dict(meta)
+    warps = meta.pop("num_warps")
+    t = TRITON_TYPES[dtype]
+    kernel = compile_kernel(gdn_qk._kernel(), {"x_ptr": t, "out_ptr": t}, meta, warps, target,
+                            floats=("eps",))
     assert kernel.asm["cubin"], "no cubin"

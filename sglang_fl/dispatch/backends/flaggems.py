@@ -10,7 +10,7 @@ moe_sum).
 Gated DeltaNet: ``chunk_gated_delta_rule`` runs FlagGems' FLA kernels
 (``chunk_gated_delta_rule_fwd``; in float32 ``fused_recurrent_gated_delta_rule_fwd``), which
 keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised q/k with as many
-heads as v. The decode ops (``recurrent_gated_delta_rule``, and the packed decode, split into
+heads as v (formed in one pass by sglang-fl's ``sglang_fl.kernels.gdn_qk``). The decode ops (``recurrent_gated_delta_rule``, and the packed decode, split into
 it) are sglang-fl's own kernel (``sglang_fl.kernels.gdn_decode``), in place on the ``[V, K]``
 pool: through FlagGems' kernel they needed a gather, two transposes and a scatter of every
 state, 20x SGLang's kernel. FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those
@@ -32,7 +32,7 @@ from __future__ import annotations
 from sglang_fl.dispatch.backends import Backend
 from sglang_fl.dispatch.backends.reference import select_experts
 from sglang_fl.dispatch.types import BackendImplKind
-from sglang_fl.kernels import gdn_decode, silu_mul
+from sglang_fl.kernels import gdn_decode, gdn_qk, silu_mul
 from sglang_fl.kernels import rms_norm as norms
 
 
@@ -197,8 +197,14 @@ class FlagGemsBackend(Backend):
     # -- Gated DeltaNet ----------------------------------------------------------------------
     @staticmethod
     def _gdn_qk(q, k, hv, use_qk_l2norm):
-        from sglang_fl.dispatch.backends.reference_gdn import _expand_heads, _l2norm
+        """q and k normalised (when ``use_qk_l2norm``) and expanded to the ``hv`` value heads,
+        contiguous, as FlagGems' GDN kernels take them: on a device in one pass each
+        (sglang_fl/kernels/gdn_qk.py), else in PyTorch."""
+        from sglang_fl.dispatch.backends.reference_gdn import L2NORM_EPS, _expand_heads, _l2norm
 
+        if gdn_qk.supports(q, hv) and gdn_qk.supports(k, hv):
+            return (gdn_qk.l2norm_expand(q, hv, use_qk_l2norm, L2NORM_EPS),
+                    gdn_qk.l2norm_expand(k, hv, use_qk_l2norm, L2NORM_EPS))
         if use_qk_l2norm:
             q, k = _l2norm(q.float()).to(q.dtype), _l2norm(k.float()).to(k.dtype)
         return _expand_heads(q, hv).contiguous(), _expand_heads(k, hv).contiguous()
