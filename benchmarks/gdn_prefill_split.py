@@ -1,9 +1,13 @@
 """Where the ``flagos`` backend's ``chunk_gated_delta_rule`` (GDN prefill) spends its time, at one
 checkpoint's GDN shapes, against SGLang's kernel (``vendor.cuda``).
 
-The whole op three ways, interleaved within each repeat: ``flagos`` as it ships (q/k through
-sglang-fl's one-pass kernel, `sglang_fl.kernels.gdn_qk`), ``flagos`` with the PyTorch q/k prologue
-it replaced (``flagos-torch-qk``), and ``vendor.cuda``. Then the pieces of the flagos wrapper
+The whole op four ways, interleaved within each repeat: ``flagos`` as it ships (q/k through
+sglang-fl's one-pass kernel, `sglang_fl.kernels.gdn_qk`; one ``cu_seqlens`` tensor for every
+call, as SGLang passes every GDN layer of a forward the same one), ``flagos`` with the PyTorch
+q/k prologue it replaced (``flagos-torch-qk``), ``flagos`` given a new ``cu_seqlens`` tensor per
+call (``flagos-new-cu``: FlagGems' chunk-index cache, keyed on that tensor's identity, then
+misses, as it did in every layer before the backend kept its int64 copy), and ``vendor.cuda``.
+Then the pieces of the flagos wrapper
 around FlagGems' kernel, each timed alone: the q/k prologue both ways, the copy of the strided v,
 the initial state's and the final state's transposes (FlagGems keeps states as [K, V], SGLang's
 pool as [V, K]), and FlagGems' kernel by itself. Eager launches (SGLang runs GDN prefill
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from op_bench import parse_model, parse_tokens, versions  # noqa: E402
 
-WHOLE = ("flagos", "flagos-torch-qk", "vendor.cuda")
+WHOLE = ("flagos", "flagos-torch-qk", "flagos-new-cu", "vendor.cuda")
 
 
 @contextlib.contextmanager
@@ -67,7 +71,7 @@ def summary(values):
 
 
 def row(flagos, vendor, shapes, tokens, args):
-    """One token count's timings: the whole op three ways (interleaved), then the pieces."""
+    """One token count's timings: the whole op each `WHOLE` way (interleaved), then the pieces."""
     from sglang_fl.dispatch.backends.reference_gdn import _expand_heads, _l2norm
     from sglang_fl.tune import build_case
 
@@ -82,12 +86,15 @@ def row(flagos, vendor, shapes, tokens, args):
 
     whole = {"flagos": lambda: flagos.chunk_gated_delta_rule(layer, *ins),
              "flagos-torch-qk": as_torch_qk,
+             "flagos-new-cu": lambda: flagos.chunk_gated_delta_rule(layer, *ins[:-1],
+                                                                    bounds.clone()),
              "vendor.cuda": lambda: vendor.chunk_gated_delta_rule(layer, *ins)}
     out = {name: fn() for name, fn in whole.items()}  # warm-up, and the outputs compared below
     torch.cuda.synchronize()
     times = {name: [] for name in WHOLE}
     for rep in range(args.repeats):
-        for name in WHOLE[rep % 3:] + WHOLE[:rep % 3]:
+        shift = rep % len(WHOLE)
+        for name in WHOLE[shift:] + WHOLE[:shift]:
             times[name].append(time_us(whole[name], args.iters))
 
     def torch_qk():

@@ -83,3 +83,26 @@ def test_float32_prefill_runs_the_recurrent_kernel_in_windows(flagos, lengths):
                                            beta[0, s:e], init[i], 8 ** -0.5)
         torch.testing.assert_close(out[0, s:e].double(), want_o, **_tol("chunk_gated_delta_rule"))
         torch.testing.assert_close(final[i].double(), want_h, **_tol("chunk_gated_delta_rule"))
+
+
+def test_the_chunk_kernel_gets_one_int64_cu_seqlens_per_source_tensor():
+    """FlagGems caches its chunk indices on the identity of ``cu_seqlens``; SGLang passes every
+    GDN layer of a forward the same int32 tensor. So every call with that tensor hands FlagGems
+    the same int64 one; another tensor, or the same one written in place, gets a fresh copy with
+    its values; an int64 tensor goes through as it is."""
+    backend = FlagGemsBackend()
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    first = backend._int64_cu(cu)
+    assert first.dtype == torch.int64 and first.tolist() == [0, 3, 7]
+    assert backend._int64_cu(cu) is first
+    other = torch.tensor([0, 3, 7], dtype=torch.int32)
+    assert backend._int64_cu(other) is not first
+    again = backend._int64_cu(other)
+    other[2] = 9  # in place: the version counter moves
+    moved = backend._int64_cu(other)
+    assert moved is not again and moved.tolist() == [0, 3, 9]
+    wide = torch.tensor([0, 5], dtype=torch.int64)
+    assert backend._int64_cu(wide) is wide
+    with torch.inference_mode():  # inference tensors keep no version counter: identity alone
+        frozen = torch.tensor([0, 4], dtype=torch.int32)
+        assert backend._int64_cu(frozen) is backend._int64_cu(frozen)

@@ -41,13 +41,14 @@ def test_bad_token_lists_stop(tmp_path, capsys):
     assert "--tokens" in capsys.readouterr().err
 
 
-def test_the_table_has_the_whole_op_three_ways_then_the_pieces():
+def test_the_table_has_the_whole_op_each_way_then_the_pieces():
     stat = lambda m: {"median": m, "min": m - 1, "max": m + 1}  # noqa: E731
     rows = [{"tokens": t, "whole_us": {n: stat(10.0 * t) for n in gdn_prefill_split.WHOLE},
              "pieces_us": {"v copy (strided view)": stat(2.0)}} for t in (2048, 8192)]
     lines = gdn_prefill_split.table({"rows": rows}).splitlines()
     assert lines[0] == "| | 2048 tokens, us | 8192 tokens, us |"
     assert [line.split(" | ")[0] for line in lines[2:]] == [
-        "| whole op, flagos", "| whole op, flagos-torch-qk", "| whole op, vendor.cuda",
+        "| whole op, flagos", "| whole op, flagos-torch-qk", "| whole op, flagos-new-cu",
+        "| whole op, vendor.cuda",
         "| v copy (strided view)"]
     assert lines[2].endswith("| 20480.0 (20479.0-20481.0) | 81920.0 (81919.0-81921.0) |")

@@ -70,6 +70,7 @@ class FlagGemsBackend(Backend):
     def __init__(self) -> None:
         self._gems = None
         self._device = "cpu"
+        self._cu_memo = (None, None, None)  # `_int64_cu`: (source, its version, int64 copy)
 
     def is_available(self) -> bool:
         try:
@@ -261,8 +262,31 @@ class FlagGemsBackend(Backend):
             return out, h0.transpose(-1, -2).contiguous()
         _, out, _, final, *_ = self._gems.chunk_gated_delta_rule_fwd(
             q, k, v.contiguous(), g.float().contiguous(), beta.contiguous(), scale, h0, True,
-            cu_seqlens=cu_seqlens.to(torch.int64))
+            cu_seqlens=self._int64_cu(cu_seqlens))
         return out.to(q.dtype), final.transpose(-1, -2).contiguous()
+
+    def _int64_cu(self, cu_seqlens):
+        """``cu_seqlens`` as int64, one tensor for as long as SGLang passes the same one.
+
+        FlagGems' FLA helpers cache the chunk indices they derive from ``cu_seqlens`` on the
+        tensor's identity (``flag_gems.fused.FLA.utils.tensor_cache``; deriving them syncs with
+        the host and loops over the sequences), and SGLang hands every GDN layer of a forward
+        the same int32 ``query_start_loc``. A new int64 copy per call missed that cache in every
+        layer. The copy is remade when the source is another tensor or was written in place."""
+        import torch
+
+        if cu_seqlens.dtype == torch.int64:
+            return cu_seqlens
+        try:
+            version = cu_seqlens._version
+        except RuntimeError:  # an inference tensor keeps no version counter
+            version = None
+        source, seen, cu = self._cu_memo
+        if source is cu_seqlens and seen == version:
+            return cu
+        cu = cu_seqlens.to(torch.int64)
+        self._cu_memo = (cu_seqlens, version, cu)
+        return cu
 
     def recurrent_gated_delta_rule(self, obj, q, k, v, a, b, A_log, dt_bias, state, state_indices,  # noqa: N803
                                    cu_seqlens, scale=None, use_qk_l2norm=True, softplus_beta=1.0,
