@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from op_bench import parse_model, parse_tokens, versions  # noqa: E402
 
 WHOLE = ("flagos", "flagos-torch-qk", "flagos-new-cu", "vendor.cuda")
+#: Where the inputs are built (the CPU tests run `row` with stand-ins on "cpu").
+DEVICE = "cuda"
 
 
 @contextlib.contextmanager
@@ -75,7 +77,7 @@ def row(flagos, vendor, shapes, tokens, args):
     from sglang_fl.dispatch.backends.reference_gdn import _expand_heads, _l2norm
     from sglang_fl.tune import build_case
 
-    (layer, ins), = build_case("chunk_gated_delta_rule", shapes, tokens, torch.bfloat16, "cuda",
+    (layer, ins), = build_case("chunk_gated_delta_rule", shapes, tokens, torch.bfloat16, DEVICE,
                                seed=1).variants
     q, k, v, g, beta, state, bounds = ins
     hv = v.shape[2]
@@ -90,7 +92,6 @@ def row(flagos, vendor, shapes, tokens, args):
                                                                     bounds.clone()),
              "vendor.cuda": lambda: vendor.chunk_gated_delta_rule(layer, *ins)}
     out = {name: fn() for name, fn in whole.items()}  # warm-up, and the outputs compared below
-    torch.cuda.synchronize()
     times = {name: [] for name in WHOLE}
     for rep in range(args.repeats):
         shift = rep % len(WHOLE)
@@ -122,21 +123,23 @@ def row(flagos, vendor, shapes, tokens, args):
     for name, fn in pieces.items():
         fn()
         piece_times[name] = summary([time_us(fn, args.iters) for _ in range(args.repeats)])
-    kq, kk = flagos._gdn_qk(q, k, hv, True)
-    tq, tk = torch_qk()
+    pairs = tuple(zip(flagos._gdn_qk(q, k, hv, True), torch_qk(), strict=True))
     return {
         "tokens": tokens,
         "whole_us": {name: summary(t) for name, t in times.items()},
         "pieces_us": piece_times,
-        "qk_kernel_vs_torch": {
-            "max_abs_diff": max((a.float() - b.float()).abs().max().item()
-                                for a, b in ((kq, tq), (kk, tk))),
-            "equal_share": ((kq == tq).float().mean().item() + (kk == tk).float().mean().item()) / 2},
-        "flagos_vs_torch_qk_out_max_abs_diff": (out["flagos"][0].float()
-                                                - out["flagos-torch-qk"][0].float()).abs().max().item(),
-        "flagos_vs_torch_qk_state_max_abs_diff": (out["flagos"][1].float()
-                                                  - out["flagos-torch-qk"][1].float()).abs().max().item(),
+        "qk_kernel_vs_torch": {"max_abs_diff": max(_max_diff(a, b) for a, b in pairs),
+                               "equal_share": statistics.mean((a == b).float().mean().item()
+                                                              for a, b in pairs)},
+        "flagos_vs_torch_qk_out_max_abs_diff": _max_diff(out["flagos"][0],
+                                                         out["flagos-torch-qk"][0]),
+        "flagos_vs_torch_qk_state_max_abs_diff": _max_diff(out["flagos"][1],
+                                                           out["flagos-torch-qk"][1]),
     }
+
+
+def _max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
 
 
 def table(doc):

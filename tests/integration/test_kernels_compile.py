@@ -1,5 +1,5 @@
-"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode, GDN q/k) compile for NVIDIA GPUs,
-checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
+"""sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode, GDN q/k) compile for
+NVIDIA GPUs, checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
 ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and Ampere
 (sm_80), with the meta-parameters the launchers really use. The interpreter tests
 (test_rope_kernel.py, test_silu_mul_kernel.py, test_rms_norm_kernel.py,

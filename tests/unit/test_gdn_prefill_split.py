@@ -52,3 +52,36 @@ def test_the_table_has_the_whole_op_each_way_then_the_pieces():
         "| whole op, vendor.cuda",
         "| v copy (strided view)"]
     assert lines[2].endswith("| 20480.0 (20479.0-20481.0) | 81920.0 (81919.0-81921.0) |")
+
+
+class _FlagGemsChunkDouble:
+    """``flag_gems.chunk_gated_delta_rule_fwd``'s signature and result layout (output at 1, final
+    state at 3), computing nothing: what `row` needs to run on CPU."""
+
+    def chunk_gated_delta_rule_fwd(self, q, k, v, g, beta, scale, h0, final, cu_seqlens=None):
+        assert cu_seqlens.dtype == gdn_prefill_split.torch.int64
+        return None, v.clone(), None, h0, None
+
+
+def test_a_row_times_every_way_and_piece_and_compares_the_flagos_outputs(tmp_path, monkeypatch):
+    """`row` end to end on CPU: the 27B shape's inputs, FlagGems' kernel a stand-in, the
+    reference backend as vendor.cuda, and a clock in place of CUDA events."""
+    import argparse
+
+    from sglang_fl.dispatch.backends.flaggems import FlagGemsBackend
+    from sglang_fl.dispatch.backends.reference import ReferenceBackend
+    from sglang_fl.tune import ModelShapes
+
+    monkeypatch.setattr(gdn_prefill_split, "DEVICE", "cpu")
+    monkeypatch.setattr(gdn_prefill_split, "time_us", lambda fn, iters: (fn(), 1.0)[1])
+    flagos = FlagGemsBackend()
+    flagos._gems = _FlagGemsChunkDouble()
+    shapes = ModelShapes.from_model(_model(tmp_path, HYBRID_27B))
+    got = gdn_prefill_split.row(flagos, ReferenceBackend(), shapes, 64,
+                                argparse.Namespace(repeats=2, iters=1))
+    assert set(got["whole_us"]) == set(gdn_prefill_split.WHOLE)
+    assert got["whole_us"]["flagos"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert len(got["pieces_us"]) == 7
+    assert got["flagos_vs_torch_qk_out_max_abs_diff"] == 0.0  # on CPU both take PyTorch's path
+    assert got["qk_kernel_vs_torch"] == {"max_abs_diff": 0.0, "equal_share": 1.0}
+    assert gdn_prefill_split.table({"rows": [got]}).count("\n") == 2 + 4 + 7 - 1
