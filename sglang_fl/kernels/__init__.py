@@ -9,15 +9,15 @@ launched, so the package imports on hosts without Triton (CPU CI, empty mode).
 - `rms_norm`: ``rms_norm`` and ``gemma_rms_norm`` for the ``flagos`` backend, because
   FlagGems' norms cost 114-130 us of host time per eager call (H100), and FlagGems has no
   Gemma norm (scale by ``1 + weight``): forming that weight per call cost two kernels.
+- `gdn_qk`: q and k for FlagGems' chunked GDN kernel, L2-normalised and expanded to the value
+  heads in one pass, because in PyTorch that prologue was some sixteen eager kernels per
+  prefill call.
 - `launch`: how the kernels above (but `gdn_decode`, which runs in CUDA graphs) launch: through
   the runner Triton compiled for the call's specialisation, not ``JITFunction.run`` (less host
   time per eager call; ``bound_launch``).
 - `gdn_decode`: the Gated DeltaNet decode ops for the ``flagos`` backend, because FlagGems'
   recurrent kernel keeps states as ``[K, V]``: serving SGLang's ``[V, K]`` pool through it cost
   a gather, two transposes and a scatter of every state, 20x SGLang's kernel (H100).
-- `gdn_qk`: q and k for FlagGems' chunked GDN kernel, L2-normalised and expanded to the value
-  heads in one pass, because in PyTorch that prologue was some sixteen eager kernels per
-  prefill call.
 """
 
 
