@@ -325,8 +325,10 @@ stage_profile() {
   timeout "$(budget "${PROFILE_TIMEOUT:-400}")" "$PY" benchmarks/step_profile.py --phase decode \
     --model "$MODEL_DIR" --out /tmp/decode-profile "${ARGS[@]}" 2>&1 | tee "$OUT/profile.log" \
     | tail -n 30
+  local rc=$?  # step_profile's status (pipefail): the copies below must not replace it
   cp /tmp/decode-profile/decode-profile.json "$OUT/decode-profile-$(sglang_version).json" 2>/dev/null
   mkdir -p "$OUT/pyspy-$(sglang_version)" && cp /tmp/decode-profile/pyspy-*.txt "$OUT/pyspy-$(sglang_version)/" 2>/dev/null
+  return "$rc"
 }
 
 stage_prefillprofile() {

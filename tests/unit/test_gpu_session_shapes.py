@@ -2,7 +2,8 @@
 ``nvidia-smi`` that counts GPUs, the python that makes checkpoints and runs e2e_bench): each
 preset's checkpoint is made, then judged with its own HF reference file; with two GPUs the
 presets run side by side, one per GPU; a run that finds a DEFECT (exit 1) fails the stage. The
-``e2e`` stage, which runs e2e_bench once on ``MODEL_DIR``, fails by the same rule."""
+``e2e`` stage, which runs e2e_bench once on ``MODEL_DIR``, fails by the same rule, and the
+``profile`` stage as its step_profile does."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_PY = """#!/usr/bin/env bash
-# make-tiny-model DIR --preset P, or benchmarks/e2e_bench.py --model DIR ... (exit 1 on "35b")
+# make-tiny-model DIR --preset P, or a benchmark (e2e_bench, step_profile) --model DIR ... (exit 1
+# on "35b"); -c (gpu_session's sglang_version) prints a version
 echo "$* gpu=${CUDA_VISIBLE_DEVICES-unset}" >> "$CALLS"
+[[ $1 == -c ]] && { echo 0.5.11; exit 0; }
 [[ $1 == -m ]] && exit 0
 [[ $* == *35b* ]] && { echo "| fl-defaults | 0 | no | 3 | 1 / 2 | 2.0 | 2.0 | 0.1 | DEFECT |"; exit 1; }
 echo "| fl-defaults | 0 | yes | - | - | - | - | - | equal |"
@@ -68,6 +71,18 @@ def test_the_e2e_stage_fails_as_its_e2e_bench_does(tmp_path):
     (tmp_path / "calls").unlink()
     text, _, out = run_stage(tmp_path, 1, "e2e", MODEL_DIR="/tmp/shapes-qwen3.6-27b")
     assert "| equal |" in (out / "e2e.log").read_text() and "FAILED" not in text
+
+
+def test_the_profile_stage_fails_as_its_step_profile_does(tmp_path):
+    """The stage's status is step_profile's, not that of the best-effort copies of its outputs
+    made after it (a profile that wrote no py-spy file read as a failed stage, and a failed
+    profile as the copies' success)."""
+    text, calls, _ = run_stage(tmp_path, 1, "profile", MODEL_DIR="/tmp/shapes-qwen3.6-35b-a3b")
+    assert calls[0].startswith("benchmarks/step_profile.py --phase decode")
+    assert "stage profile FAILED (rc=1)" in text
+    (tmp_path / "calls").unlink()
+    text, _, _ = run_stage(tmp_path, 1, "profile", MODEL_DIR="/tmp/shapes-qwen3.6-27b")
+    assert "FAILED" not in text  # no profile files to copy here: that is not the stage's failure
 
 
 def test_two_gpus_take_one_preset_each_and_a_carried_reference_is_used(tmp_path):
