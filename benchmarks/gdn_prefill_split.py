@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-from op_bench import parse_model, parse_tokens, versions  # noqa: E402
+from op_bench import parse_model, parse_tokens, summarize, versions  # noqa: E402
+from op_bench import time_eager as time_us  # noqa: E402
 
 WHOLE = ("flagos", "flagos-torch-qk", "flagos-new-cu", "vendor.cuda")
 #: Where the inputs are built (the CPU tests run `row` with stand-ins on "cpu").
@@ -56,20 +57,9 @@ def torch_qk_prologue():
         gdn_qk.supports = saved
 
 
-def time_us(fn, iters):
-    """Microseconds per call of ``fn`` over ``iters`` eager calls, by CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
 def summary(values):
-    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
-            "max": round(max(values), 1)}
+    """op_bench's median, min and max to 0.1 µs."""
+    return {k: round(v, 1) for k, v in summarize(values).items() if k != "runs"}
 
 
 def row(flagos, vendor, shapes, tokens, args):
@@ -104,17 +94,19 @@ def row(flagos, vendor, shapes, tokens, args):
     qn, kn = flagos._gdn_qk(q, k, hv, True)
     h0 = state.float().transpose(-1, -2).contiguous()
     vc, cu64 = v.contiguous(), bounds.to(torch.int64)
-    result = flagos._gems.chunk_gated_delta_rule_fwd(qn, kn, vc, g.float(), beta.contiguous(),
-                                                      k.shape[-1] ** -0.5, h0.clone(), True,
-                                                      cu_seqlens=cu64)
+
+    def kernel():
+        return flagos._gems.chunk_gated_delta_rule_fwd(qn, kn, vc, g.float(), beta.contiguous(),
+                                                       k.shape[-1] ** -0.5, h0.clone(), True,
+                                                       cu_seqlens=cu64)
+
+    result = kernel()
     pieces = {
         "q/k prologue, gdn_qk kernel": lambda: flagos._gdn_qk(q, k, hv, True),
         "q/k prologue, PyTorch": torch_qk,
         "v copy (strided view)": lambda: v.contiguous(),
         "initial state [V,K] -> [K,V]": lambda: state.float().transpose(-1, -2).contiguous(),
-        "FlagGems kernel alone (+ a state copy)": lambda: flagos._gems.chunk_gated_delta_rule_fwd(
-            qn, kn, vc, g.float(), beta.contiguous(), k.shape[-1] ** -0.5, h0.clone(), True,
-            cu_seqlens=cu64),
+        "FlagGems kernel alone (+ a state copy)": kernel,
         "the state copy alone": lambda: h0.clone(),
         "output cast, final state [K,V] -> [V,K]": lambda: (
             result[1].to(q.dtype), result[3].transpose(-1, -2).contiguous()),
