@@ -95,6 +95,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_plan  # noqa: E402
 from paired_stats import summarize_pairs  # noqa: E402
+from report import publish  # noqa: E402
 
 from sglang_fl.config import BACKEND_KINDS  # noqa: E402
 from sglang_fl.dispatch.ops import GDN_OPS, OP_NAMES, ROUTED_CLASSES  # noqa: E402
@@ -609,11 +610,7 @@ def reprobe(path: Path, model, out: Path | None, limit: int = ROUTER_PROBES,
             return router_probe.probe(model, cases, device=device, witness=witness)
     greedy["router_probes"] = probe_routers(greedy, greedy["prompts"], run_probe, limit)
     doc["reprobed_from"] = str(path)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1))
-    print(table(doc))
-    return doc
+    return publish(doc, out, table)
 
 
 def _router_explanation(row) -> tuple[str, dict] | None:
@@ -1182,11 +1179,7 @@ def main(argv=None):
         print(f"# greedy check against HF failed: {doc['greedy']['hf_error']}", flush=True)
     doc["seconds"] = round(time.time() - t0, 1)
     doc["versions"] = _versions()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1))
-    print(table(doc))
-    return doc
+    return publish(doc, args.out, table)
 
 
 def _versions():

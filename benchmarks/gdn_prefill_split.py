@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from op_bench import parse_model, parse_tokens, summarize, versions  # noqa: E402
 from op_bench import time_eager as time_us  # noqa: E402
+from report import publish  # noqa: E402
 
 WHOLE = ("flagos", "flagos-torch-qk", "flagos-new-cu", "vendor.cuda")
 #: Where the inputs are built (the CPU tests run `row` with stand-ins on "cpu").
@@ -64,7 +64,6 @@ def summary(values):
 
 def row(flagos, vendor, shapes, tokens, args):
     """One token count's timings: the whole op each `WHOLE` way (interleaved), then the pieces."""
-    from sglang_fl.dispatch.backends.reference_gdn import _expand_heads, _l2norm
     from sglang_fl.tune import build_case
 
     (layer, ins), = build_case("chunk_gated_delta_rule", shapes, tokens, torch.bfloat16, DEVICE,
@@ -89,7 +88,8 @@ def row(flagos, vendor, shapes, tokens, args):
             times[name].append(time_us(whole[name], args.iters))
 
     def torch_qk():
-        return tuple(_expand_heads(_l2norm(x.float()).to(x.dtype), hv).contiguous() for x in (q, k))
+        with torch_qk_prologue():
+            return flagos._gdn_qk(q, k, hv, True)
 
     qn, kn = flagos._gdn_qk(q, k, hv, True)
     h0 = state.float().transpose(-1, -2).contiguous()
@@ -184,11 +184,7 @@ def main(argv=None):
                         "repeats": args.repeats, "iters": args.iters},
            "rows": [row(flagos, vendor, shapes, t, args) for t in tokens]}
     doc["seconds"] = round(time.time() - t0, 1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1))
-    print(table(doc))
-    return doc
+    return publish(doc, args.out, table)
 
 
 if __name__ == "__main__":

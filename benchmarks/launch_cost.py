@@ -28,7 +28,6 @@ launch costs over the kernel. JSON (``--out``) and a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -86,6 +85,7 @@ def main(argv=None):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from op_bench import make_graph, summarize, time_eager, time_graph, versions
+    from report import publish
 
     from sglang_fl.kernels import launch, rope
 
@@ -145,11 +145,7 @@ def main(argv=None):
             row["errors"] = errors
         doc["results"][tokens] = row
         del graph
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1))
-    print(table(doc))
-    return doc
+    return publish(doc, args.out, table)
 
 
 if __name__ == "__main__":

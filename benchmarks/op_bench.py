@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import platform
 import statistics
 import sys
@@ -46,8 +45,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_support import make_rms_norm, make_rope, make_silu_and_mul, rope_caches  # noqa: E402
+from report import publish  # noqa: E402
 
 from sglang_fl.tune import (  # noqa: E402
     GDN,
@@ -350,11 +351,7 @@ def main(argv=None):
         settings["model"] = {"path": args.model, "shapes": shapes.describe()}
     doc = {"benchmark": "op_bench", "versions": versions(), "skipped_backends": skipped,
            "settings": settings, "seconds": round(time.time() - t0, 1), "results": results}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1))
-    print(table(doc))
-    return doc
+    return publish(doc, args.out, table)
 
 
 def time_row(head, op, make, backends, args):

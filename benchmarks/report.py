@@ -91,6 +91,16 @@ def e2e_tables(doc, anchor="native-L1off", pairs=()):
     return "\n\n".join(out)
 
 
+def publish(doc, out, table):
+    """How every benchmark here ends: ``doc`` written as JSON to ``out`` when one is given (its
+    folder made), then ``table(doc)`` printed; returns ``doc``."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1))
+    print(table(doc))
+    return doc
+
+
 def main(argv=None):
     for path in (argv or sys.argv[1:]):
         doc = json.loads(Path(path).read_text())
