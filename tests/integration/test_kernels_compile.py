@@ -1,12 +1,11 @@
 """sglang-fl's own Triton kernels (RoPE, SiLU-and-mul, RMSNorm, GDN decode, GDN q/k) compile for
-NVIDIA GPUs, checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it with the
-ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and Ampere
-(sm_80), with the meta-parameters the launchers really use. The interpreter tests
-(test_rope_kernel.py, test_silu_mul_kernel.py, test_rms_norm_kernel.py,
-test_gdn_decode_kernel.py, test_gdn_qk_kernel.py) check what the
-kernels compute; only a compile finds what the interpreter lets through, such as a branch whose
-two sides have different types (how SGLang's own conv1d kernel failed on the H100 on
-2026-12-05), and finding it here costs no device time."""
+NVIDIA GPUs, checked on this CPU: Triton's compiler lowers each kernel to PTX and assembles it
+with the ptxas its wheel ships, for Hopper (sm_90, the H100/H200 the project measures on) and
+Ampere (sm_80), with the meta-parameters the launchers really use. The interpreter tests
+(test_rope_kernel.py, test_silu_mul_kernel.py, test_rms_norm_kernel.py, test_gdn_decode_kernel.py,
+test_gdn_qk_kernel.py) check what the kernels compute; only a compile finds what the interpreter
+lets through, such as a branch whose two sides have different types (how SGLang's own conv1d
+kernel failed on the H100 on 2026-12-05), and finding it here costs no device time."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ keep states as ``[.., K, V]`` (the op's are ``[.., V, K]``) and take normalised 
 heads as v (formed in one pass by sglang-fl's ``sglang_fl.kernels.gdn_qk``). The decode ops
 (``recurrent_gated_delta_rule``, and the packed decode, split into it) are sglang-fl's own
 kernel (``sglang_fl.kernels.gdn_decode``), in place on the ``[V, K]`` pool: through FlagGems'
-kernel they needed a gather, two transposes and a scatter of every state, 20x SGLang's kernel. FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those
-ops are not registered here).
+kernel they needed a gather, two transposes and a scatter of every state, 20x SGLang's kernel.
+FlagGems has no GDN gating, causal conv1d or gated RMSNorm (those ops are not registered
+here).
 
 RoPE: out of place is FlagGems' ``apply_rotary_pos_emb``; in place (what SGLang calls) is
 sglang-fl's own kernel (``sglang_fl.kernels.rope``), because FlagGems' in-place one races.
