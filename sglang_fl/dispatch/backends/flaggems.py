@@ -274,7 +274,9 @@ class FlagGemsBackend(Backend):
         the host and loops over the sequences), and SGLang hands every GDN layer of a forward
         the same int32 ``query_start_loc``. A new int64 copy per call missed that cache in every
         layer: some 450 µs a call at 8,192 tokens (H100, `benchmarks/gdn_prefill_split.py`). The
-        copy is remade when the source is another tensor or was written in place."""
+        copy is remade when the source is another tensor, or was written in place where it keeps
+        a version counter. SGLang's inference tensors keep none, so there identity alone decides:
+        sound because SGLang makes a new ``query_start_loc`` for every extend forward."""
         import torch
 
         if cu_seqlens.dtype == torch.int64:
